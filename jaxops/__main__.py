@@ -1,0 +1,5 @@
+"""``python -m jaxops``: the jaxops command line."""
+
+from jaxops.cli import main
+
+raise SystemExit(main())

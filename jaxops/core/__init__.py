@@ -1,0 +1,1 @@
+"""CANN metadata (dtypes, formats, tensor descs, impl modes), the op registry and DynArray."""

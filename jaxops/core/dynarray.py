@@ -1,0 +1,266 @@
+"""``DynArray``: a data-dependent-shape tensor inside jit (the "dual shape").
+
+XLA needs static shapes, so an operator whose output size depends on the data returns its
+buffer at the **max shape** (known at trace time) together with its **actual shape** (a
+traced int32 vector). The valid elements are the leading block ``data[:a0, :a1, ...]``; the
+rest is padding holding ``fill_value`` and must never be read as data.
+
+>>> import jax, jax.numpy as jnp
+>>> d = DynArray(jnp.array([3, 5, 7, -1, -1]), [3], fill_value=-1)
+>>> d.max_shape, d.actual_shape.tolist(), int(d.numel())
+((5,), [3], 3)
+>>> jax.jit(lambda d: d.set_actual_shape([2]))(d).actual_shape.tolist()
+[2]
+>>> from jaxops import refresh
+>>> refresh(d).tolist()
+[3, 5, 7]
+
+A DynArray is a pytree with the children ``data``, ``actual_shape`` and an optional
+``true_shape``: the shape the output would have had with unlimited capacity, set by
+operators whose capacity can be smaller than the theoretical maximum, so an overflow is
+visible inside jit (:meth:`overflowed`, :meth:`lost`). ``fill_value`` is static metadata.
+
+Under :func:`jax.vmap` a DynArray comes back *batched*: ``data`` gains leading batch axes
+and ``actual_shape`` becomes ``[*batch, ndim]``; :attr:`batch_shape` says which.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _row_major_strides(shape: jax.Array) -> list[jax.Array]:
+    """Strides (in elements) of a row-major array of the given (traced) shape vector."""
+    n = shape.shape[-1]
+    strides = [jnp.ones((), jnp.int32)] * n
+    for k in range(n - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
+@jax.tree_util.register_pytree_node_class
+class DynArray:
+    """A max-shape buffer plus its actual (traced) shape. See the module docstring."""
+
+    __slots__ = ("data", "actual_shape", "true_shape", "fill_value")
+
+    def __init__(self, data, actual_shape, *, true_shape=None, fill_value: Any = 0):
+        data = data if isinstance(data, (jax.Array, np.ndarray)) else jnp.asarray(data)
+        actual_shape = jnp.asarray(actual_shape, jnp.int32)
+        batch_ndim = actual_shape.ndim - 1
+        if actual_shape.ndim == 0 or data.ndim - batch_ndim != actual_shape.shape[-1] \
+                or data.shape[:batch_ndim] != actual_shape.shape[:-1]:
+            raise ValueError(f"DynArray: argument 'actual_shape': expected one entry per axis of "
+                             f"data {tuple(data.shape)}, got shape {tuple(actual_shape.shape)}")
+        self.data = data
+        self.actual_shape = actual_shape
+        self.true_shape = None if true_shape is None else jnp.asarray(true_shape, jnp.int32)
+        self.fill_value = fill_value
+
+    # -- pytree ---------------------------------------------------------------------------
+    def tree_flatten(self):
+        return (self.data, self.actual_shape, self.true_shape), self.fill_value
+
+    @classmethod
+    def tree_unflatten(cls, fill_value, children):
+        obj = object.__new__(cls)  # children may be tracers, None or sentinels: no checks
+        obj.data, obj.actual_shape, obj.true_shape = children
+        obj.fill_value = fill_value
+        return obj
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def full(cls, x, fill_value: Any = 0) -> "DynArray":
+        """Wraps a static array whose actual shape is its whole shape."""
+        x = jnp.asarray(x)
+        return cls(x, np.asarray(x.shape, np.int32), fill_value=fill_value)
+
+    @classmethod
+    def from_wire(cls, buffer, max_shape: Sequence[int], actual_shape, *,
+                  fill_value: Any = 0) -> "DynArray":
+        """Inverse of :meth:`to_wire`: a flat buffer whose first ``numel`` elements are the
+        valid data in row-major order of ``actual_shape`` becomes a leading-block DynArray."""
+        buffer = jnp.asarray(buffer).reshape(-1)
+        max_shape = tuple(int(d) for d in max_shape)
+        if buffer.shape[0] != math.prod(max_shape):
+            raise ValueError(f"DynArray.from_wire: argument 'buffer': expected "
+                             f"{math.prod(max_shape)} elements (max shape {max_shape}), "
+                             f"got {buffer.shape[0]}")
+        actual = jnp.asarray(actual_shape, jnp.int32)
+        if not max_shape:
+            return cls(buffer.reshape(()), actual, fill_value=fill_value)
+        grid = jnp.indices(max_shape, dtype=jnp.int32, sparse=True)
+        inside = _leading_block_mask(grid, actual)
+        flat = sum(g * s for g, s in zip(grid, _row_major_strides(actual)))
+        vals = buffer[jnp.clip(flat, 0, max(buffer.shape[0] - 1, 0))] if buffer.shape[0] \
+            else jnp.zeros(max_shape, buffer.dtype)
+        data = jnp.where(inside, vals, jnp.asarray(fill_value, buffer.dtype))
+        return cls(data, actual, fill_value=fill_value)
+
+    # -- static facts ---------------------------------------------------------------------
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """Leading vmap batch axes (``()`` for an unbatched DynArray)."""
+        return tuple(self.actual_shape.shape[:-1])
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape[len(self.batch_shape):])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Same as :attr:`max_shape` (the static shape XLA plans memory for)."""
+        return self.max_shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.max_shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def __repr__(self) -> str:
+        return (f"DynArray(dtype={self.dtype}, max_shape={self.max_shape}, "
+                f"actual_shape={self.actual_shape}, fill_value={self.fill_value!r}"
+                + (f", batch_shape={self.batch_shape}" if self.batch_shape else "") + ")")
+
+    # -- traced queries -------------------------------------------------------------------
+    def numel(self) -> jax.Array:
+        """Number of valid elements (a traced int32 scalar, or ``[*batch]``)."""
+        return jnp.prod(self.actual_shape, axis=-1)
+
+    def valid_mask(self) -> jax.Array:
+        """Bool array at max shape (plus batch axes), True exactly inside the leading block."""
+        return self._batched(lambda d: _leading_block_mask(
+            jnp.indices(d.max_shape, dtype=jnp.int32, sparse=True), d.actual_shape)
+            if d.ndim else jnp.ones((), bool))
+
+    def valid_data(self, fill: Any = None) -> jax.Array:
+        """``data`` with padding replaced by ``fill`` (default ``fill_value``).
+
+        Reductions over a DynArray should go through this view: padding positions then get
+        exactly zero gradient.
+        """
+        fill = self.fill_value if fill is None else fill
+        return jnp.where(self.valid_mask(), self.data, jnp.asarray(fill, self.dtype))
+
+    def overflowed(self) -> jax.Array:
+        """Whether results were cut by the capacity (False when the op cannot overflow)."""
+        if self.true_shape is None:
+            return jnp.zeros(self.batch_shape, bool)
+        return jnp.any(self.true_shape > self.actual_shape, axis=-1)
+
+    def lost(self) -> jax.Array:
+        """How many results the capacity cut off (0 when none)."""
+        if self.true_shape is None:
+            return jnp.zeros(self.batch_shape, jnp.int32)
+        return jnp.prod(self.true_shape, axis=-1) - self.numel()
+
+    # -- functional updates ---------------------------------------------------------------
+    def set_actual_shape(self, shape) -> "DynArray":
+        """A new DynArray with another actual shape over the same buffer.
+
+        Outside jit a shape of the wrong rank, a negative dim or a dim above the max raises
+        ``ValueError``. Inside jit the check is a :func:`checkify.debug_check`: a no-op in
+        plain jit, where the shape is clamped into ``[0, max]``, and an error when the caller
+        wraps the function in :func:`checkify.checkify`.
+        """
+        if self.batch_shape:
+            raise ValueError("DynArray.set_actual_shape: use it inside jax.vmap for a batched "
+                             f"DynArray (batch shape {self.batch_shape})")
+        shape_arr = jnp.asarray(shape) if not isinstance(shape, (list, tuple)) else None
+        rank = len(shape) if shape_arr is None else (shape_arr.shape[0] if shape_arr.ndim == 1 else -1)
+        if rank != self.ndim:
+            raise ValueError(f"DynArray.set_actual_shape: argument 'shape': expected {self.ndim} "
+                             f"dims (max shape {self.max_shape}), got {rank}")
+        parts = list(shape) if shape_arr is None else [shape_arr[k] for k in range(rank)]
+        if all(_is_concrete(p) for p in parts):
+            dims = [int(p) for p in parts]
+            bad = [k for k, (d, m) in enumerate(zip(dims, self.max_shape)) if not 0 <= d <= m]
+            if bad:
+                raise ValueError(f"DynArray.set_actual_shape: argument 'shape': expected dims in "
+                                 f"[0, max] with max {self.max_shape}, got {tuple(dims)}")
+            new = jnp.asarray(dims, jnp.int32).reshape(self.ndim)
+        else:
+            new = jnp.stack([jnp.asarray(p, jnp.int32) for p in parts]) if parts \
+                else jnp.zeros((0,), jnp.int32)
+            maxes = jnp.asarray(self.max_shape, jnp.int32)
+            checkify.debug_check(jnp.all((new >= 0) & (new <= maxes)),
+                                 "DynArray.set_actual_shape: actual shape {} outside [0, {}]",
+                                 new, maxes)
+            new = jnp.clip(new, 0, maxes)
+        return DynArray.tree_unflatten(self.fill_value, (self.data, new, self.true_shape))
+
+    def at(self, index) -> jax.Array:
+        """Element access bounds-checked against the *actual* shape.
+
+        Negative indices count from the actual end. Outside jit an index outside the actual
+        shape raises ``IndexError``; inside jit it is a :func:`checkify.debug_check` and the
+        result is ``fill_value``.
+        """
+        index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
+        if len(index) != self.ndim or self.batch_shape:
+            raise IndexError(f"DynArray.at: expected {self.ndim} indices into an unbatched "
+                             f"DynArray, got {len(index)} (batch shape {self.batch_shape})")
+        if all(_is_concrete(i) for i in index) and _is_concrete(self.actual_shape):
+            actual = [int(a) for a in np.asarray(self.actual_shape)]
+            norm = [int(i) + a if int(i) < 0 else int(i) for i, a in zip(index, actual)]
+            if any(not 0 <= i < a for i, a in zip(norm, actual)):
+                raise IndexError(f"DynArray.at: index {index} is outside the actual shape "
+                                 f"{tuple(actual)} (max shape {self.max_shape})")
+            return self.data[tuple(norm)]
+        idx = [jnp.asarray(i, jnp.int32) for i in index]
+        idx = [jnp.where(i < 0, i + self.actual_shape[k], i) for k, i in enumerate(idx)]
+        inside = jnp.all(jnp.stack([(i >= 0) & (i < self.actual_shape[k])
+                                    for k, i in enumerate(idx)])) if idx else jnp.bool_(True)
+        checkify.debug_check(inside, "DynArray.at: index {} outside actual shape {}",
+                             jnp.stack(idx) if idx else jnp.zeros((0,), jnp.int32),
+                             self.actual_shape)
+        clipped = tuple(jnp.clip(i, 0, m - 1) for i, m in zip(idx, self.max_shape))
+        return jnp.where(inside, self.data[clipped], jnp.asarray(self.fill_value, self.dtype))
+
+    def to_wire(self) -> jax.Array:
+        """Flat buffer of max numel: the valid data in row-major order of the actual shape,
+        then ``fill_value`` — the layout an Ascend kernel writes. Inverse of :meth:`from_wire`.
+        """
+        return self._batched(_to_wire_one)
+
+    def _batched(self, fn):
+        """Applies an unbatched method body under as many vmaps as there are batch axes."""
+        for _ in self.batch_shape:
+            fn = jax.vmap(fn)
+        return fn(self)
+
+
+def _leading_block_mask(grid: Sequence[jax.Array], actual: jax.Array) -> jax.Array:
+    mask = None
+    for k, g in enumerate(grid):
+        m = g < actual[k]
+        mask = m if mask is None else mask & m
+    return mask
+
+
+def _to_wire_one(d: DynArray) -> jax.Array:
+    n = math.prod(d.max_shape)
+    if d.ndim == 0:
+        return d.data.reshape(1)
+    pos = jnp.arange(n, dtype=jnp.int32)
+    idx, rem = [], pos
+    for k in range(d.ndim - 1, -1, -1):
+        a = jnp.maximum(d.actual_shape[k], 1)
+        idx.append(jnp.clip(rem % a, 0, d.max_shape[k] - 1))
+        rem = rem // a
+    vals = d.data[tuple(reversed(idx))] if n else d.data.reshape(0)
+    return jnp.where(pos < d.numel(), vals, jnp.asarray(d.fill_value, d.dtype))

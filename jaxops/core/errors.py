@@ -1,0 +1,93 @@
+"""The exceptions jaxops raises.
+
+Every error that comes from a user's input names the operator, the argument, what was
+expected and what was given, and where it can, what to do about it. The classes subclass the
+matching builtin (ValueError, TypeError, KeyError, RuntimeError) so existing ``except``
+clauses keep working.
+"""
+
+from __future__ import annotations
+
+
+class JaxopsError(Exception):
+    """Base class of every jaxops error."""
+
+
+def describe(op: str, arg: str | None, expected: str, given: object, hint: str = "") -> str:
+    """Formats the one message shape all jaxops input errors share.
+
+    >>> describe("NonZero", "x", "a bool or numeric array", "str")
+    "NonZero: argument 'x': expected a bool or numeric array, got str."
+    """
+    where = f"{op}: argument '{arg}'" if arg else op
+    msg = f"{where}: expected {expected}, got {given}."
+    return f"{msg} {hint}" if hint else msg
+
+
+class OpArgumentError(JaxopsError, ValueError):
+    """A bad value for an operator's input or attribute."""
+
+    def __init__(self, op: str, arg: str | None, expected: str, given: object, hint: str = ""):
+        self.op, self.arg, self.expected, self.given, self.hint = op, arg, expected, given, hint
+        super().__init__(describe(op, arg, expected, given, hint))
+
+
+class MissingInputError(OpArgumentError):
+    """A required input was not given."""
+
+
+class UnknownAttrError(OpArgumentError):
+    """An attribute the operator does not declare."""
+
+
+class OpDTypeError(JaxopsError, TypeError):
+    """An input whose dtype is outside the operator's allowed set."""
+
+    def __init__(self, op: str, arg: str, expected: str, given: object, hint: str = ""):
+        self.op, self.arg, self.expected, self.given, self.hint = op, arg, expected, given, hint
+        super().__init__(describe(op, arg, expected, given, hint))
+
+
+class UnknownOpError(JaxopsError, KeyError):
+    """``get_op`` was asked for a name nobody registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0])
+
+
+class DuplicateOpError(JaxopsError, ValueError):
+    """An operator name was registered twice."""
+
+
+class UnsupportedDTypeError(JaxopsError, TypeError):
+    """A CANN DataType with no numpy equivalent, or a dtype with no CANN code."""
+
+
+class OutshapeError(JaxopsError, ValueError):
+    """A malformed OP_OUTSHAPE tensor or refresh request."""
+
+
+class CapacityOverflowError(JaxopsError, RuntimeError):
+    """A data-dependent output did not fit the capacity it was given."""
+
+    def __init__(self, op: str, capacity: int, true_size: int, hint: str = ""):
+        self.op, self.capacity, self.true_size = op, capacity, true_size
+        msg = (f"{op}: output of {true_size} results does not fit capacity {capacity} "
+               f"({true_size - capacity} would be lost).")
+        super().__init__(f"{msg} {hint}" if hint else msg)
+
+
+class BackendUnavailableError(JaxopsError, RuntimeError):
+    """An explicitly requested backend cannot run here; the message says why."""
+
+
+class KernelNotFoundError(JaxopsError, LookupError):
+    """No kernel is registered for an operator on a backend."""
+
+
+class AclError(JaxopsError, RuntimeError):
+    """A CANN runtime call returned a non-zero aclError code."""
+
+    def __init__(self, call: str, code: int):
+        self.call, self.code = call, code
+        super().__init__(f"{call} failed with aclError {code}")

@@ -1,0 +1,45 @@
+"""Host refresh: DynArrays become exact-shape numpy arrays after execution.
+
+One device→host transfer for the whole pytree (a single :func:`jax.device_get`), then plain
+numpy slicing, so no JAX compilation ever happens per distinct actual size.
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxops import DynArray, refresh
+>>> f = jax.jit(lambda x: DynArray(x, [jnp.sum(x > 0)], fill_value=0))
+>>> refresh({"kept": f(jnp.array([4, 2, 0, 0])), "n": 7})
+{'kept': array([4, 2], dtype=int32), 'n': 7}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxops.core.dynarray import DynArray
+
+
+def _is_dyn(x: Any) -> bool:
+    return isinstance(x, DynArray)
+
+
+def exact(data: np.ndarray, actual: np.ndarray, batch_ndim: int):
+    """Slices a fetched max-shape buffer to its actual shape (a nested list when batched)."""
+    if batch_ndim:
+        return [exact(data[i], actual[i], batch_ndim - 1) for i in range(data.shape[0])]
+    return data[tuple(slice(0, int(a)) for a in actual)]
+
+
+def refresh(tree: Any) -> Any:
+    """Every DynArray in ``tree`` becomes an exact-shape ``np.ndarray``; other leaves pass.
+
+    A DynArray batched by :func:`jax.vmap` becomes a list of exact arrays, one per example
+    (nested lists for several batch axes).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_dyn)
+    dyn = [i for i, leaf in enumerate(leaves) if _is_dyn(leaf)]
+    fetched = jax.device_get([(leaves[i].data, leaves[i].actual_shape) for i in dyn])
+    for i, (data, actual) in zip(dyn, fetched):
+        leaves[i] = exact(np.asarray(data), np.asarray(actual), len(leaves[i].batch_shape))
+    return jax.tree_util.tree_unflatten(treedef, leaves)

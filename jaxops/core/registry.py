@@ -1,0 +1,380 @@
+"""One description per operator (CANN metadef ``OpDef`` / ``OpRegistrationData``).
+
+An :class:`OpDef` says everything the rest of jaxops needs to know about an operator: its
+inputs and outputs with their allowed dtypes, its attributes with defaults and validators,
+how to infer the max shapes of its outputs, which precision modes it supports, whether its
+output shape depends on the data, and which kernel runs it on each backend. The functional
+API, ``tracing.launch``, every backend and the CLI read this one description.
+
+>>> import jax.numpy as jnp
+>>> from jaxops.core.dtypes import FLOATING
+>>> square = OpDef(
+...     name="DocSquare",
+...     inputs=[Input("x", FLOATING)],
+...     outputs=[Output("y", FLOATING)],
+...     infer_shape=lambda ctx: [ctx.inputs[0].shape],
+... )
+>>> @square.kernel("xla")
+... def _square(x):
+...     return (x * x,)
+>>> square(jnp.arange(3.0))[0].tolist()
+[0.0, 1.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxops.core.dtypes import DataType
+from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingInputError,
+                                OpArgumentError, OpDTypeError, UnknownAttrError,
+                                UnknownOpError, UnsupportedDTypeError)
+from jaxops.core.impl_mode import OpImplMode, as_impl_mode, impl_mode_to_str, select_impl_mode
+from jaxops.core.tensor_desc import TensorDesc
+
+
+class ParamKind(enum.Enum):
+    """How many tensors an input/output slot takes (CANN's REQUIRED / OPTIONAL / DYNAMIC)."""
+
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+    DYNAMIC = "dynamic"  # a list of tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParam:
+    """An input or output slot: name, allowed dtypes (``None`` = any object), kind."""
+
+    name: str
+    dtypes: frozenset[DataType] | None
+    kind: ParamKind = ParamKind.REQUIRED
+    doc: str = ""
+
+    def dtype_names(self) -> list[str]:
+        return ["any"] if self.dtypes is None else sorted(d.name for d in self.dtypes)
+
+
+def Input(name: str, dtypes, kind: str | ParamKind = "required", doc: str = "") -> TensorParam:
+    """Declares an input slot."""
+    return TensorParam(name, None if dtypes is None else frozenset(dtypes), ParamKind(kind), doc)
+
+
+Output = Input  # outputs are declared the same way
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+_ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)),
+    "float": lambda v: isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)),
+    "bool": lambda v: isinstance(v, (bool, np.bool_)),
+    "str": lambda v: isinstance(v, str),
+    "list_int": lambda v: isinstance(v, (list, tuple)) and all(_ATTR_TYPES["int"](e) for e in v),
+    "list_float": lambda v: isinstance(v, (list, tuple)) and all(_ATTR_TYPES["float"](e) for e in v),
+    "any": lambda v: True,
+}
+_ATTR_CAST: dict[str, Callable[[Any], Any]] = {
+    "int": int, "float": float, "bool": bool, "str": str,
+    "list_int": lambda v: tuple(int(e) for e in v),
+    "list_float": lambda v: tuple(float(e) for e in v),
+    "any": lambda v: v,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrDef:
+    """An attribute: name, type (``int float bool str list_int list_float any``), default.
+
+    ``optional=True`` also accepts ``None``. ``choices`` restricts the value to a set;
+    ``check`` is a predicate on the cast value and ``expected`` says in words what it accepts.
+    """
+
+    name: str
+    type: str
+    default: Any = REQUIRED
+    optional: bool = False
+    choices: tuple | None = None
+    check: Callable[[Any], bool] | None = None
+    expected: str = ""
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.type not in _ATTR_TYPES:
+            raise ValueError(f"AttrDef {self.name!r}: unknown attr type {self.type!r}")
+
+    def describe(self) -> str:
+        """What the attribute accepts, in words (used in error messages and the CLI)."""
+        if self.expected:
+            return self.expected
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        return f"{self.type}{' or None' if self.optional else ''}"
+
+    def validate(self, op: str, value: Any) -> Any:
+        """Returns the value cast to the attribute's type, or raises naming op and attr."""
+        if value is None and self.optional:
+            return None
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()
+        if not _ATTR_TYPES[self.type](value):
+            raise OpArgumentError(op, self.name, self.describe(), f"{value!r} ({type(value).__name__})")
+        value = _ATTR_CAST[self.type](value)
+        if self.choices is not None and value not in self.choices:
+            raise OpArgumentError(op, self.name, self.describe(), repr(value))
+        if self.check is not None and not self.check(value):
+            raise OpArgumentError(op, self.name, self.describe(), repr(value))
+        return value
+
+
+@dataclasses.dataclass
+class InferContext:
+    """What shape/dtype inference sees: input descs, attrs, values of value-dependent inputs."""
+
+    op: "OpDef"
+    inputs: list  # TensorDesc | None | list[TensorDesc] (dynamic) | object (untyped input)
+    attrs: dict[str, Any]
+    values: dict[str, np.ndarray]
+
+    def input(self, name: str):
+        return self.inputs[self.op.input_index(name)]
+
+
+KernelFn = Callable[..., Any]
+
+
+@dataclasses.dataclass(eq=False)
+class OpDef:
+    """The description of one operator. See the module docstring for an example."""
+
+    name: str
+    inputs: Sequence[TensorParam]
+    outputs: Sequence[TensorParam]
+    attrs: Sequence[AttrDef] = ()
+    infer_shape: Callable[[InferContext], list[tuple[int, ...]]] | None = None
+    infer_dtype: Callable[[InferContext], list[DataType]] | None = None
+    value_depend: Sequence[str] = ()
+    impl_modes: OpImplMode = OpImplMode.HIGH_PRECISION
+    data_dependent: bool = False
+    fill_values: Sequence[Any] | None = None  # padding value of each data-dependent output
+    doc: str = ""
+    kernels: dict[tuple[str, OpImplMode | None], KernelFn] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.inputs, self.outputs, self.attrs = tuple(self.inputs), tuple(self.outputs), tuple(self.attrs)
+        self.value_depend = tuple(self.value_depend)
+        self.impl_modes = OpImplMode(int(self.impl_modes))
+        names = [p.name for p in self.inputs] + [a.name for a in self.attrs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"OpDef {self.name}: input and attr names must be unique: {names}")
+        unknown = set(self.value_depend) - {p.name for p in self.inputs}
+        if unknown:
+            raise ValueError(f"OpDef {self.name}: value_depend names unknown inputs {sorted(unknown)}")
+
+    # -- kernels --------------------------------------------------------------------------
+    def kernel(self, backend: str = "xla", modes: OpImplMode | None = None):
+        """Decorator registering ``fn`` as this op's kernel on ``backend``.
+
+        ``modes=None`` serves every impl mode; otherwise the kernel serves the listed modes
+        and takes priority over the catch-all kernel for them.
+        """
+        def register(fn: KernelFn) -> KernelFn:
+            keys = [None] if modes is None else [m for m in OpImplMode if m != OpImplMode.RESERVED
+                                                 and m & OpImplMode(int(modes))]
+            for m in keys:
+                if (backend, m) in self.kernels:
+                    raise DuplicateOpError(f"{self.name}: kernel for backend {backend!r}, "
+                                           f"mode {m} registered twice")
+                self.kernels[(backend, m)] = fn
+            return fn
+        return register
+
+    def backends(self) -> list[str]:
+        """Backends with at least one kernel for this op, in registration order."""
+        return list(dict.fromkeys(b for b, _ in self.kernels))
+
+    def has_kernel(self, backend: str) -> bool:
+        return any(b == backend for b, _ in self.kernels)
+
+    def get_kernel(self, backend: str, mode: OpImplMode) -> KernelFn:
+        fn = self.kernels.get((backend, OpImplMode(int(mode)))) or self.kernels.get((backend, None))
+        if fn is None:
+            raise KernelNotFoundError(f"{self.name}: no kernel for backend {backend!r} in mode "
+                                      f"{impl_mode_to_str(mode)}; backends: {self.backends()}")
+        return fn
+
+    def select_mode(self, requested: OpImplMode | str | int | None = None) -> OpImplMode:
+        """The impl mode a call runs in (see :func:`select_impl_mode`)."""
+        return select_impl_mode(as_impl_mode(requested), self.impl_modes)
+
+    # -- validation and inference -----------------------------------------------------------
+    def input_index(self, name: str) -> int:
+        for i, p in enumerate(self.inputs):
+            if p.name == name:
+                return i
+        raise KeyError(f"{self.name} has no input {name!r}")
+
+    def check(self, inputs: Sequence[Any], attrs: Mapping[str, Any] | None = None
+              ) -> tuple[list, dict[str, Any]]:
+        """Validates inputs and attrs before anything is traced.
+
+        Returns the inputs (missing optional ones as ``None``) and the attrs with defaults
+        filled in and values cast. Raises :class:`~jaxops.errors.MissingInputError`,
+        :class:`~jaxops.errors.OpDTypeError`, :class:`~jaxops.errors.UnknownAttrError` or
+        :class:`~jaxops.errors.OpArgumentError`, each naming op, argument, expected and given.
+        """
+        inputs = list(inputs)
+        if len(inputs) > len(self.inputs):
+            raise OpArgumentError(self.name, None, f"at most {len(self.inputs)} inputs "
+                                  f"({', '.join(p.name for p in self.inputs)})", f"{len(inputs)} inputs")
+        inputs += [None] * (len(self.inputs) - len(inputs))
+        for param, value in zip(self.inputs, inputs):
+            self._check_input(param, value)
+        return inputs, self.check_attrs(attrs or {})
+
+    def check_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        known = {a.name: a for a in self.attrs}
+        for name in attrs:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=3)
+                hint = f"Did you mean {', '.join(close)}?" if close else ""
+                raise UnknownAttrError(self.name, name, "one of its attrs: "
+                                       + (", ".join(known) or "(none)"), "an unknown attr", hint)
+        out = {}
+        for a in self.attrs:
+            if a.name in attrs:
+                out[a.name] = a.validate(self.name, attrs[a.name])
+            elif a.default is REQUIRED:
+                raise MissingInputError(self.name, a.name, f"a value ({a.describe()})", "nothing")
+            else:
+                out[a.name] = a.default
+        return out
+
+    def _check_input(self, param: TensorParam, value: Any) -> None:
+        if value is None:
+            if param.kind is ParamKind.REQUIRED:
+                raise MissingInputError(self.name, param.name, "a tensor", "nothing")
+            return
+        if param.dtypes is None:
+            return
+        values = value if param.kind is ParamKind.DYNAMIC else [value]
+        if param.kind is ParamKind.DYNAMIC and not isinstance(value, (list, tuple)):
+            raise OpArgumentError(self.name, param.name, "a list of tensors", type(value).__name__)
+        for v in values:
+            dtype = getattr(v, "dtype", None)
+            if dtype is None:
+                raise OpArgumentError(self.name, param.name, "an array", type(v).__name__)
+            try:
+                code = DataType.from_dtype(dtype)
+            except UnsupportedDTypeError:
+                code = None
+            if code not in param.dtypes:
+                raise OpDTypeError(self.name, param.name, "dtype in {" + ", ".join(
+                    param.dtype_names()) + "}", str(dtype))
+
+    def _describe_input(self, param: TensorParam, value: Any):
+        if value is None:
+            return None
+        if param.dtypes is None:
+            return value
+        if param.kind is ParamKind.DYNAMIC:
+            return [TensorDesc.from_array(v, name=param.name) for v in value]
+        return TensorDesc.from_array(value, name=param.name)
+
+    def infer(self, inputs: Sequence[Any], attrs: Mapping[str, Any] | None = None
+              ) -> list[TensorDesc]:
+        """Max-shape inference: the output TensorDescs before anything runs."""
+        inputs, attrs = self.check(inputs, attrs)
+        if self.infer_shape is None:
+            raise NotImplementedError(f"{self.name} declares no infer_shape")
+        values = {}
+        for name in self.value_depend:
+            v = inputs[self.input_index(name)]
+            if v is not None:
+                values[name] = np.asarray(v)  # value-dependent inputs must be concrete
+        ctx = InferContext(self, [self._describe_input(p, v) for p, v in zip(self.inputs, inputs)],
+                           attrs, values)
+        shapes = self.infer_shape(ctx)
+        dtypes = self.infer_dtype(ctx) if self.infer_dtype else [ctx.inputs[0].dtype] * len(shapes)
+        names = [p.name for p in self.outputs]
+        if len(shapes) != len(dtypes):
+            raise RuntimeError(f"{self.name}: infer_shape gave {len(shapes)} shapes but "
+                               f"infer_dtype {len(dtypes)} dtypes")
+        return [TensorDesc(s, d, name=names[min(i, len(names) - 1)])
+                for i, (s, d) in enumerate(zip(shapes, dtypes))]
+
+    # -- calling --------------------------------------------------------------------------
+    def __call__(self, *inputs, backend: str | None = None,
+                 impl_mode: OpImplMode | str | None = None, **attrs):
+        """Validates, picks impl mode and backend, and runs the kernel (jittable)."""
+        from jaxops.backends import select_backend  # backends sit below the registry
+
+        inputs, attrs = self.check(inputs, attrs)
+        mode = self.select_mode(impl_mode)
+        chosen = select_backend(self, backend)
+        return self.get_kernel(chosen, mode)(*inputs, **attrs)
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly description (used by ``jaxops ops --json``)."""
+        def attr_default(a: AttrDef):
+            return None if a.default is REQUIRED else a.default
+        return {
+            "name": self.name,
+            "doc": self.doc,
+            "inputs": [{"name": p.name, "kind": p.kind.value, "dtypes": p.dtype_names()}
+                       for p in self.inputs],
+            "outputs": [{"name": p.name, "kind": p.kind.value, "dtypes": p.dtype_names()}
+                        for p in self.outputs],
+            "attrs": [{"name": a.name, "type": a.type, "default": attr_default(a),
+                       "required": a.default is REQUIRED, "accepts": a.describe()}
+                      for a in self.attrs],
+            "impl_modes": [impl_mode_to_str(m) for m in OpImplMode
+                           if m != OpImplMode.RESERVED and m & self.impl_modes],
+            "value_depend": list(self.value_depend),
+            "data_dependent": self.data_dependent,
+            "backends": self.backends(),
+        }
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register_op(op: OpDef) -> OpDef:
+    """Adds ``op`` to the registry and returns it; a name registered twice raises."""
+    if op.name in _REGISTRY:
+        raise DuplicateOpError(f"operator {op.name!r} is already registered")
+    _REGISTRY[op.name] = op
+    return op
+
+
+def unregister_op(name: str) -> None:
+    """Removes an operator (for tests that register throwaway ops)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_op(name: str) -> OpDef:
+    """The registered OpDef called ``name``; an unknown name lists close matches."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+        close += [n for n in _REGISTRY if n.lower() == name.lower() and n not in close]
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownOpError(f"unknown operator {name!r}.{hint} Registered: "
+                             f"{', '.join(sorted(_REGISTRY)) or '(none)'}") from None
+
+
+def list_ops() -> list[str]:
+    """Names of every registered operator, sorted."""
+    return sorted(_REGISTRY)

@@ -1,0 +1,195 @@
+"""``tracing.launch``: run an operator CANN-style, with OP_* arguments and OP_OUTSHAPE.
+
+The steps follow opbase's executor: validate against the OpDef, infer max shapes
+(INFER_SHAPE), select the impl mode from OP_OPTION, look the compiled kernel up in a cache
+keyed by (op, input avals, attrs, impl-mode index char, exec mode, backend), run it, and —
+when the launch carries OP_OUTSHAPE pairs — let the kernel write the shape tensor, sync it to
+the host and refresh the outputs to their exact shapes. Such launches are counted as
+*cache-abandoned*: the compiled kernel is reused, output shapes never are.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> import jaxops
+>>> from tracing import launch, OP_INPUT, OP_OUTSHAPE
+>>> t = np.zeros(9, np.int64)
+>>> r = launch("NonZero", OP_INPUT(jnp.array([0, 3, 0, 5])), OP_OUTSHAPE(t, 0))
+>>> r.outputs[0].tolist(), t[:3].tolist()
+([[1, 3]], [2, 1, 2])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxops.backends import select_backend
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError, OutshapeError
+from jaxops.core.impl_mode import OpExecMode, OpImplMode, to_index_char
+from jaxops.core.registry import OpDef, get_op
+from jaxops.core.tensor_desc import TensorDesc
+from tracing.args import OpArg, OpArgContext
+from tracing.outshape import SLOT_WORDS, encode, refresh_outputs, to_host_words
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo:
+    """Compile-cache statistics of :func:`launch`."""
+
+    hits: int
+    misses: int
+    compiles: int
+    abandoned: int
+    size: int
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """What a launch produced.
+
+    ``outputs``: one entry per output; refreshed outputs are exact-shape numpy arrays, other
+    data-dependent outputs stay DynArrays, the rest are arrays. ``outshape``: the shape
+    tensor the kernel wrote (numpy, the dtype of the OP_OUTSHAPE tensor), or ``None``.
+    """
+
+    outputs: list
+    outshape: np.ndarray | None
+    impl_mode: OpImplMode
+    backend: str
+    cache_hit: bool
+
+    def __iter__(self):
+        return iter(self.outputs)
+
+    def __getitem__(self, i):
+        return self.outputs[i]
+
+
+_lock = threading.Lock()
+_cache: dict[tuple, Any] = {}
+_stats = {"hits": 0, "misses": 0, "compiles": 0, "abandoned": 0}
+
+
+def cache_info() -> CacheInfo:
+    """Hits, misses, compiles and abandoned (OP_OUTSHAPE) launches so far."""
+    with _lock:
+        return CacheInfo(**_stats, size=len(_cache))
+
+
+def cache_clear() -> None:
+    """Empties the launch cache and zeroes its statistics."""
+    with _lock:
+        _cache.clear()
+        _stats.update(hits=0, misses=0, compiles=0, abandoned=0)
+
+
+def _freeze(value: Any):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, str(value.dtype), value.tobytes())
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _avals(inputs: Sequence[Any]) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(list(inputs))
+    return (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
+                           for x in leaves))
+
+
+def _check_outputs(op: OpDef, given: Sequence[Any], inferred: Sequence[TensorDesc]) -> None:
+    if len(given) > len(inferred):
+        raise OpArgumentError(op.name, "OP_OUTPUT", f"at most {len(inferred)} outputs",
+                              f"{len(given)}")
+    for k, (buf, want) in enumerate(zip(given, inferred)):
+        if buf is None:
+            continue
+        have = TensorDesc.from_array(buf)
+        if not have.compatible_with(want):
+            raise OpArgumentError(op.name, f"OP_OUTPUT[{k}]", f"{want.dtype.name}{list(want.shape)} "
+                                  "(the inferred max shape)", f"{have.dtype.name}{list(have.shape)}")
+
+
+def _as_tuple(outs) -> tuple:
+    return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+
+
+def _compile(op: OpDef, kernel, attrs, inputs, pairs, word_dtype, uint64_flag, exec_mode):
+    """Jit-compiles the kernel; with OP_OUTSHAPE it also writes wire buffers + shape words."""
+    def body(*args):
+        outs = _as_tuple(kernel(*args, **attrs))
+        if not pairs:
+            return outs
+        shapes = []
+        for _, index in pairs:
+            if not 0 <= index < len(outs):
+                raise OutshapeError(f"{op.name}: OP_OUTSHAPE names output {index}, the op has "
+                                    f"{len(outs)} outputs")
+            out = outs[index]
+            shapes.append(out.actual_shape if isinstance(out, DynArray) else list(out.shape))
+        wire = tuple(o.to_wire() if isinstance(o, DynArray) else o.reshape(-1) for o in outs)
+        return outs, wire, encode(shapes, word_dtype, uint64_flag=uint64_flag)
+
+    precision = "tensorfloat32" if exec_mode == OpExecMode.HF32 else None
+    with jax.default_matmul_precision(precision):
+        return jax.jit(body).lower(*inputs).compile()
+
+
+def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
+           uint64_flag: bool = False) -> LaunchResult:
+    """Launches ``op_name`` with CANN-style ``OP_*`` arguments (see the module docstring).
+
+    ``uint64_flag`` makes the kernel set bit 31 of each rank word of an int64 shape tensor,
+    as Ascend kernels that produce 64-bit shape data do.
+    """
+    ctx = OpArgContext(*op_args)
+    op = get_op(op_name)
+    inputs, attrs = op.check(ctx.inputs, ctx.attrs)
+    if op.infer_shape is not None:
+        _check_outputs(op, ctx.outputs, op.infer(inputs, attrs))
+    mode = op.select_mode(ctx.impl_mode)
+    chosen = select_backend(op, backend)
+    kernel = op.get_kernel(chosen, mode)
+    pairs = list(ctx.outshape)
+    tensor = pairs[0][0] if pairs else None
+    word_dtype = np.dtype(tensor.dtype) if tensor is not None else None
+    if tensor is not None and np.size(tensor) < SLOT_WORDS * len(pairs):
+        raise OutshapeError(f"{op.name}: the OP_OUTSHAPE tensor has {np.size(tensor)} words; "
+                            f"{len(pairs)} outputs need {SLOT_WORDS * len(pairs)}")
+    key = (op.name, _avals(inputs), _freeze(attrs), to_index_char(mode), int(ctx.exec_mode),
+           chosen, tuple(i for _, i in pairs), str(word_dtype), uint64_flag)
+    with _lock:
+        compiled = _cache.get(key)
+        hit = compiled is not None
+        _stats["hits" if hit else "misses"] += 1
+    if not hit:
+        compiled = _compile(op, kernel, attrs, inputs, [(None, i) for _, i in pairs],
+                            word_dtype, uint64_flag, ctx.exec_mode)
+        with _lock:
+            _cache[key] = compiled
+            _stats["compiles"] += 1
+    result = compiled(*inputs)
+    if not pairs:
+        return LaunchResult(list(_as_tuple(result)), None, mode, chosen, hit)
+
+    outs, wire, words = result
+    host_wire, host_words = jax.device_get((wire, words))  # the one sync of the launch
+    written = to_host_words(host_words, word_dtype)
+    if isinstance(tensor, np.ndarray) and tensor.flags.writeable:
+        tensor.reshape(-1)[:written.size] = written  # the kernel writes the caller's tensor
+    refreshed = refresh_outputs(list(host_wire), [(written, i) for _, i in pairs])
+    touched = {i for _, i in pairs}
+    final = [refreshed[i] if i in touched else o for i, o in enumerate(outs)]
+    with _lock:
+        _stats["abandoned"] += 1
+    return LaunchResult(final, written, mode, chosen, hit)
