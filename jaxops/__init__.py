@@ -13,7 +13,34 @@ from jaxops.core.refresh import refresh
 from jaxops.core.registry import OpDef, get_op, list_ops, register_op
 from jaxops.core.tensor_desc import TensorDesc
 
+import jaxops.ops  # noqa: E402,F401  (registers every operator)
+
 __version__ = "0.1.0"
+
+# Public functions that live in operator modules, resolved on first access.
+_LAZY_EXPORTS = {
+    "nonzero": "jaxops.ops.nonzero",
+    "argwhere": "jaxops.ops.nonzero",
+    "flatnonzero": "jaxops.ops.nonzero",
+    "unique": "jaxops.ops.unique",
+    "unique_consecutive": "jaxops.ops.unique",
+    "masked_select": "jaxops.ops.masked_select",
+    "non_max_suppression": "jaxops.ops.nms",
+    "nms": "jaxops.ops.nms",
+    "batched_nms": "jaxops.ops.nms",
+    "efficient_nms": "jaxops.ops.nms",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY_EXPORTS.get(name)
+    if module is None:
+        if name == "hashtable":
+            import importlib
+            return importlib.import_module("jaxops.hashtable")
+        raise AttributeError(f"module 'jaxops' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",

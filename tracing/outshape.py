@@ -14,7 +14,8 @@ rank word (``0x80000000``); the decoder masks it off.
 **x64 off.** JAX cannot hold int64 when ``jax_enable_x64`` is off. There, ``encode(...,
 dtype=int64)`` returns the same word values in a ``uint32`` array (every word is
 non-negative and below 2**32, so nothing changes); :func:`to_host_words` turns it into the
-int64 tensor a CANN kernel writes, on the host side of the boundary.
+int64 tensor a CANN kernel writes, on the host side of the boundary, and :func:`decode`
+accepts that uint32 carrier as int64 words.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
                                 "(uint64) variant: expected int64 or uint64")
         words = buf.view(np.uint64)
     else:
+        if buf.dtype == np.uint32:  # int64 words carried as uint32 with x64 off (see encode)
+            buf = buf.astype(np.int64)
         _check_dtype(buf.dtype)
         words = buf
     slots = len(words) // SLOT_WORDS if count is None else int(count)

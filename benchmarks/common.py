@@ -1,0 +1,93 @@
+"""Side-by-side timing helpers shared by every benchmark.
+
+Each benchmark case times jaxops and its peer on the same inputs in one process, after a
+warm-up, as the median of several repeats, and reports the ratio ``ours / peer`` (these
+machines are noisy; ratios are what we compare).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def _block(x: Any) -> Any:
+    return jax.block_until_ready(x)
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 7, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds (results are blocked on)."""
+    for _ in range(warmup):
+        _block(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclasses.dataclass
+class Result:
+    """One benchmark case: our time, the peer's, the ratio and the target (max ratio)."""
+
+    name: str
+    ours_s: float
+    peer: str
+    peer_s: float
+    target: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_s / self.peer_s
+
+    @property
+    def meets_target(self) -> bool | None:
+        return None if self.target is None else self.ratio <= self.target
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(ratio=self.ratio, meets_target=self.meets_target)
+        return d
+
+
+def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[], Any],
+            target: float | None = None, repeats: int = 7, note: str = "") -> Result:
+    """Times ``ours`` and ``peer`` interleaved (ours, peer, ours, …) and returns the Result."""
+    for _ in range(2):
+        _block(ours())
+        _block(peer())
+    a, b = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(ours())
+        a.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _block(peer())
+        b.append(time.perf_counter() - t0)
+    return Result(name, statistics.median(a), peer_name, statistics.median(b), target, note)
+
+
+def format_table(results: list[Result]) -> str:
+    """A plain-text table of results with ratios and target verdicts."""
+    head = f"{'case':46s} {'ours ms':>9s} {'peer':>22s} {'peer ms':>9s} {'ratio':>7s} {'target':>7s}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        verdict = "" if r.target is None else (f"<={r.target:g} " + ("ok" if r.meets_target else "MISS"))
+        lines.append(f"{r.name:46s} {r.ours_s * 1e3:9.2f} {r.peer:>22s} {r.peer_s * 1e3:9.2f} "
+                     f"{r.ratio:7.2f} {verdict:>7s}")
+    return "\n".join(lines)
+
+
+def write_json(results: list[Result], path: str) -> None:
+    meta = {"jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()]}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": [r.as_dict() for r in results]}, f, indent=2)
