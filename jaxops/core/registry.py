@@ -30,6 +30,7 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxops.core.dtypes import DataType
@@ -169,7 +170,9 @@ class OpDef:
     data_dependent: bool = False
     fill_values: Sequence[Any] | None = None  # padding value of each data-dependent output
     doc: str = ""
+    jit_kernels: bool = True  # eager calls run the kernel jitted (attrs static)
     kernels: dict[tuple[str, OpImplMode | None], KernelFn] = dataclasses.field(default_factory=dict)
+    _jitted: dict[int, KernelFn] = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.inputs, self.outputs, self.attrs = tuple(self.inputs), tuple(self.outputs), tuple(self.attrs)
@@ -323,7 +326,22 @@ class OpDef:
         inputs, attrs = self.check(inputs, attrs)
         mode = self.select_mode(impl_mode)
         chosen = select_backend(self, backend)
-        return self.get_kernel(chosen, mode)(*inputs, **attrs)
+        return self._runner(self.get_kernel(chosen, mode), attrs)(*inputs, **attrs)
+
+    def _runner(self, kernel: KernelFn, attrs: Mapping[str, Any]) -> KernelFn:
+        """The kernel jitted with its attrs static, so an eager call is one compiled
+        executable rather than op-by-op dispatch (inside an outer jit it simply inlines)."""
+        if not self.jit_kernels or self.value_depend:
+            return kernel
+        try:
+            hash(tuple(attrs.values()))
+        except TypeError:  # an unhashable attr value cannot be static
+            return kernel
+        jitted = self._jitted.get(id(kernel))
+        if jitted is None:
+            jitted = self._jitted[id(kernel)] = jax.jit(
+                kernel, static_argnames=tuple(a.name for a in self.attrs))
+        return jitted
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly description (used by ``jaxops ops --json``)."""
