@@ -1,0 +1,156 @@
+"""Overflow policies: what happens when a data-dependent output exceeds its capacity.
+
+Every data-dependent operator reports an overflow inside jit through its DynArrays'
+``true_shape`` (:meth:`~jaxops.DynArray.overflowed`, :meth:`~jaxops.DynArray.lost`). On an
+eager call (outside jit) a policy decides what to do with it:
+
+- ``"error"``: raise :class:`~jaxops.errors.CapacityOverflowError` (operator, capacity, true size);
+- ``"truncate"``: keep the first ``capacity`` results (for NMS the highest-scoring), warn once
+  per call site with :class:`CapacityOverflowWarning`; the DynArrays still carry the flag and
+  the lost count;
+- ``"expand"``: rerun at the next power-of-two capacity ≥ the true size (capped at the
+  theoretical max), so the result is complete and compilations stay bounded — at most
+  ⌈log2(max)⌉ + 1 distinct capacities ever run;
+- ``"host"``: rerun this call with the numpy/host kernel at that capacity.
+
+Inside jit nothing can rerun: the flag travels with the result and :func:`check_overflow`
+raises or warns on the host afterwards.
+
+>>> import jax.numpy as jnp
+>>> from jaxops import DynArray
+>>> d = DynArray(jnp.array([1, 2]), [2], true_shape=[5])
+>>> check_overflow(d, policy="warn")  # doctest: +SKIP
+>>> next_capacity(5, theoretical_max=100), next_capacity(70, theoretical_max=100)
+(8, 100)
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import CapacityOverflowError, OpArgumentError
+
+POLICIES = ("error", "truncate", "expand", "host")
+
+
+class CapacityOverflowWarning(UserWarning):
+    """A truncated data-dependent output (policy ``truncate`` or ``check_overflow(policy="warn")``)."""
+
+
+_warned_lock = threading.Lock()
+_warned_sites: set[tuple[str, int]] = set()
+
+
+def next_capacity(true_size: int, theoretical_max: int | None = None) -> int:
+    """The power-of-two capacity bucket that holds ``true_size`` (capped at the max)."""
+    cap = 1 << max(int(true_size) - 1, 0).bit_length()
+    return min(cap, theoretical_max) if theoretical_max is not None else cap
+
+
+def check_policy(op: str, policy: str) -> str:
+    if policy not in POLICIES:
+        raise OpArgumentError(op, "overflow", "one of " + ", ".join(repr(p) for p in POLICIES),
+                              repr(policy))
+    return policy
+
+
+def _dyns(tree: Any) -> list[DynArray]:
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, DynArray))
+    return [d for d in leaves if isinstance(d, DynArray)]
+
+
+def _is_traced(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _true_size(dyns: list[DynArray], axis: int) -> tuple[int, int]:
+    """(largest true size along ``axis``, total lost) over the DynArrays that track it."""
+    tracked = [d for d in dyns if d.true_shape is not None]
+    if not tracked:
+        return 0, 0
+    sizes, lost = jax.device_get(([d.true_shape[..., axis] for d in tracked],
+                                  [d.lost() for d in tracked]))
+    return max(int(np.max(s)) for s in sizes), max(int(np.sum(x)) for x in lost)
+
+
+def _caller_site(skip_module: str) -> tuple[str, int]:
+    """The first stack frame outside jaxops/tracing: the user's call site."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith(("jaxops", "tracing"))
+                                 or frame.f_globals.get("__name__") == skip_module):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame else ("?", 0)
+
+
+def warn_once(message: str) -> None:
+    """Warns with :class:`CapacityOverflowWarning` once per user call site."""
+    site = _caller_site(__name__)
+    with _warned_lock:
+        if site in _warned_sites:
+            return
+        _warned_sites.add(site)
+    warnings.warn_explicit(message, CapacityOverflowWarning, site[0], site[1])
+
+
+def reset_warnings() -> None:
+    """Forgets which call sites were already warned (for tests)."""
+    with _warned_lock:
+        _warned_sites.clear()
+
+
+def run_with_policy(run: Callable[[int | None, str | None], Any], *, op: str, size: int | None,
+                    theoretical_max: int, policy: str, axis: int = 0) -> Any:
+    """Runs ``run(size, backend)`` and applies ``policy`` when its output overflowed.
+
+    ``run`` returns a pytree whose DynArrays carry ``true_shape`` along capacity ``axis``.
+    Inside jit (traced results) the result is returned as is: the flag travels with it.
+    """
+    check_policy(op, policy)
+    result = run(size, None)
+    if size is None or size >= theoretical_max or _is_traced(result):
+        return result
+    true_size, lost = _true_size(_dyns(result), axis)
+    if true_size <= size:
+        return result
+    if policy == "error":
+        raise CapacityOverflowError(op, size, true_size,
+                                    "Pass a larger size=, or overflow='expand'/'truncate'.")
+    if policy == "truncate":
+        warn_once(f"{op}: output truncated to capacity {size}; {lost} results lost "
+                  f"(true size {true_size}). The DynArray's overflowed()/lost() report it.")
+        return result
+    bucket = next_capacity(true_size, theoretical_max)
+    return run(bucket, "host" if policy == "host" else None)
+
+
+def check_overflow(tree: Any, policy: str = "error") -> int:
+    """Host side, after a jitted call: raise (``"error"``) or warn (``"warn"``) when any
+    DynArray in ``tree`` overflowed its capacity. Returns the total number of lost results
+    (elements) over the tree; batched DynArrays are checked example by example."""
+    if policy not in ("error", "warn"):
+        raise ValueError(f"check_overflow: argument 'policy': expected 'error' or 'warn', got {policy!r}")
+    dyns = [d for d in _dyns(tree) if d.true_shape is not None]
+    shapes = jax.device_get([(d.actual_shape, d.true_shape) for d in dyns])
+    total, first = 0, None
+    for actual, true in shapes:
+        actual, true = np.asarray(actual).reshape(-1, actual.shape[-1]), np.asarray(true).reshape(-1, true.shape[-1])
+        for a, t in zip(actual, true):
+            over = np.flatnonzero(t > a)
+            if over.size:
+                total += int(np.prod(t) - np.prod(a))
+                first = first or (int(a[over[0]]), int(t[over[0]]))
+    if first is None:
+        return 0
+    msg = f"outputs overflowed their capacity; {total} results lost in all"
+    if policy == "error":
+        raise CapacityOverflowError("check_overflow", first[0], first[1], msg)
+    warn_once(f"check_overflow: {msg} (first: capacity {first[0]}, true size {first[1]})")
+    return total
