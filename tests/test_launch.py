@@ -100,6 +100,8 @@ def test_outshape_launch_refreshes_and_abandons():
     np.testing.assert_array_equal(r.outputs[1], [0, 2, 4])
     np.testing.assert_array_equal(t, [1, 3] + [0] * 7 + [1, 3] + [0] * 7)  # written in place
     np.testing.assert_array_equal(r.outshape, t)
+    np.testing.assert_array_equal(r.wire[0], [1.0, 3.0, 5.0, 0.0, 0.0])  # wire layout, max shape
+    np.testing.assert_array_equal(r.wire[1], [0, 2, 4, -1, -1])
     r2 = launch(SELECT, OP_INPUT(-x), OP_OUTSHAPE((t, 0)), OP_OUTSHAPE((t, 1)))
     assert r2.cache_hit and r2.outputs[0].tolist() == [2.0, 4.0]
     info = tracing.cache_info()

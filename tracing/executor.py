@@ -54,6 +54,9 @@ class LaunchResult:
     ``outputs``: one entry per output; refreshed outputs are exact-shape numpy arrays, other
     data-dependent outputs stay DynArrays, the rest are arrays. ``outshape``: the shape
     tensor the kernel wrote (numpy, the dtype of the OP_OUTSHAPE tensor), or ``None``.
+    ``wire``: with OP_OUTSHAPE, every output's buffer at max shape in wire layout (valid
+    data as a contiguous row-major prefix, then fill) — what an Ascend kernel leaves in
+    device memory; ``None`` otherwise.
     """
 
     outputs: list
@@ -61,6 +64,7 @@ class LaunchResult:
     impl_mode: OpImplMode
     backend: str
     cache_hit: bool
+    wire: list | None = None
 
     def __iter__(self):
         return iter(self.outputs)
@@ -184,12 +188,14 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
 
     outs, wire, words = result
     host_wire, host_words = jax.device_get((wire, words))  # the one sync of the launch
+    host_wire = [np.asarray(w).reshape(np.shape(o.data) if isinstance(o, DynArray) else np.shape(o))
+                 for w, o in zip(host_wire, outs)]
     written = to_host_words(host_words, word_dtype)
     if isinstance(tensor, np.ndarray) and tensor.flags.writeable:
         tensor.reshape(-1)[:written.size] = written  # the kernel writes the caller's tensor
-    refreshed = refresh_outputs(list(host_wire), [(written, i) for _, i in pairs])
+    refreshed = refresh_outputs(host_wire, [(written, i) for _, i in pairs])
     touched = {i for _, i in pairs}
     final = [refreshed[i] if i in touched else o for i, o in enumerate(outs)]
     with _lock:
         _stats["abandoned"] += 1
-    return LaunchResult(final, written, mode, chosen, hit)
+    return LaunchResult(final, written, mode, chosen, hit, host_wire)
