@@ -1,18 +1,28 @@
 """Backends: where an operator's kernel runs.
 
-Only ``xla`` (pure JAX, the default) exists so far; the ``host`` and ``ascend`` backends and
-the selection rules arrive with the backends issue.
+- ``xla`` (default): the pure-JAX kernels; jit, vmap and grad everywhere.
+- ``host``: numpy kernels reached from jit through :func:`jax.pure_callback`
+  (:mod:`jaxops.backends.host_kernels`); integer results identical to ``xla``; the
+  backward pass of a gradient runs on ``xla`` (:mod:`jaxops.backends.callback`).
+- ``ascend``: Huawei Ascend aclnn kernels through the CANN runtime
+  (:mod:`jaxops.backends.ascend`).
+
+Selection rules (``backend=``, :func:`use_backend`, ``JAXOPS_BACKEND``, automatic) are in
+:mod:`jaxops.backends.selection`; :func:`explain` says what an operator runs on and why,
+:func:`available` lists the backends with their status.
+
+>>> import jaxops
+>>> [(b.name, b.available) for b in jaxops.backends.available()][:2]
+[('xla', True), ('host', True)]
 """
 
 from __future__ import annotations
 
+from jaxops.backends.selection import (AUTOMATIC, BACKENDS, ENV_VAR, BackendStatus, Selection,
+                                       available, explain, select, select_backend, use_backend)
 from jaxops.core.errors import BackendUnavailableError
 
-
-def select_backend(op, requested: str | None = None) -> str:
-    """The backend an ``op`` call runs on."""
-    backend = requested or "xla"
-    if not op.has_kernel(backend):
-        raise BackendUnavailableError(f"{op.name}: backend {backend!r} has no kernel for this "
-                                      f"operator; available: {op.backends()}")
-    return backend
+__all__ = [
+    "AUTOMATIC", "BACKENDS", "ENV_VAR", "BackendStatus", "BackendUnavailableError", "Selection",
+    "available", "explain", "select", "select_backend", "use_backend",
+]

@@ -1,0 +1,135 @@
+"""Kernels whose work happens on the host: a numpy function reached from jit.
+
+:func:`host_kernel` turns ``host_fn(*numpy_inputs, **attrs) -> exact outputs`` into an
+operator kernel usable under ``jit``, ``vmap`` and ``grad``:
+
+- **Structure.** The outputs have exactly the pytree structure, max shapes, dtypes and
+  fill values of the operator's ``xla`` kernel (read with :func:`jax.eval_shape`), so the
+  backends are interchangeable. ``host_fn`` returns each output at its *exact* shape, as
+  if capacity were unlimited; a data-dependent output is cut to its max shape as a leading
+  block, padded with its fill value, and its true shape kept where the ``xla`` kernel
+  keeps one (so overflow stays visible).
+- **jit.** One :func:`jax.pure_callback` per call carries the inputs to the host and the
+  max-shape buffers back.
+- **vmap.** ``vmap_method="expand_dims"``: the whole batch crosses in one callback and
+  ``host_fn`` runs once per example on the host.
+- **grad.** The host kernels are not differentiable, so the backward pass is the ``xla``
+  kernel's: a :func:`jax.custom_vjp` whose forward is the host call and whose backward is
+  the VJP of the ``xla`` kernel at the same inputs (identical forward results make the
+  gradients consistent). Forward-mode (``jax.jvp``) is not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxops.core.dynarray import DynArray
+from jaxops.core.registry import KernelFn, OpDef
+
+HostFn = Callable[..., Sequence[np.ndarray]]
+
+
+def pack(op: str, index: int, exact: Any, struct: Any) -> list[np.ndarray]:
+    """The callback leaves of one output: ``exact`` laid into the ``struct`` of the xla
+    kernel's output (a DynArray of ShapeDtypeStructs or one ShapeDtypeStruct)."""
+    exact = np.asarray(exact)
+    if not isinstance(struct, DynArray):
+        if exact.shape != tuple(struct.shape):
+            raise RuntimeError(f"{op}: host output {index} has shape {exact.shape}, the xla "
+                               f"kernel's has {tuple(struct.shape)}")
+        return [exact.astype(struct.dtype, copy=False)]
+    max_shape = tuple(struct.data.shape)
+    if exact.ndim != len(max_shape):
+        raise RuntimeError(f"{op}: host output {index} has rank {exact.ndim}, the xla kernel's "
+                           f"max shape is {max_shape}")
+    actual = np.minimum(exact.shape, max_shape).astype(np.int32)
+    block = tuple(slice(0, a) for a in actual)
+    data = np.full(max_shape, struct.fill_value, struct.data.dtype)
+    data[block] = exact[block]
+    leaves = [data, actual]
+    if struct.true_shape is not None:
+        leaves.append(np.asarray(exact.shape, np.int32))
+    return leaves
+
+
+def _batched_host_call(op: OpDef, host_fn: HostFn, in_tree, base_shapes, out_structs,
+                       attrs) -> Callable[..., list[np.ndarray]]:
+    """The function the callback runs: loops over leading (vmap) axes and packs."""
+    def run_one(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        inputs = jax.tree_util.tree_unflatten(in_tree, list(arrays))
+        exact = host_fn(*inputs, **attrs)
+        if len(exact) != len(out_structs):
+            raise RuntimeError(f"{op.name}: host kernel returned {len(exact)} outputs, the "
+                               f"operator has {len(out_structs)}")
+        return [leaf for k, (e, s) in enumerate(zip(exact, out_structs))
+                for leaf in pack(op.name, k, e, s)]
+
+    def on_host(*arrays) -> list[np.ndarray]:
+        arrays = [np.asarray(a) for a in arrays]
+        leading = [a.shape[:a.ndim - len(base)] for a, base in zip(arrays, base_shapes)]
+        batch = np.broadcast_shapes(*leading) if leading else ()
+        if not batch:
+            return run_one(arrays)
+        arrays = [np.broadcast_to(a, batch + base) for a, base in zip(arrays, base_shapes)]
+        per_example = [run_one([a[idx] for a in arrays]) for idx in np.ndindex(*batch)]
+        return [np.stack(col).reshape(batch + col[0].shape) for col in zip(*per_example)]
+
+    return on_host
+
+
+def host_kernel(op: OpDef, host_fn: HostFn,
+                check: Callable[..., None] | None = None) -> KernelFn:
+    """An operator kernel that runs ``host_fn`` on the host (see the module docstring).
+
+    ``check(*inputs, **attrs)``, when given, runs at trace time (on tracers) and raises for
+    inputs the host function cannot take.
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from jaxops.core.dtypes import FLOATING
+    >>> from jaxops.core.registry import Input, OpDef, Output
+    >>> double = OpDef("DocDouble", [Input("x", FLOATING)], [Output("y", FLOATING)])
+    >>> _ = double.kernel("xla")(lambda x: (2 * x,))
+    >>> _ = double.kernel("host")(host_kernel(double, lambda x: (2 * np.asarray(x),)))
+    >>> jax.jit(lambda x: double(x, backend="host")[0])(jnp.arange(3.0)).tolist()
+    [0.0, 2.0, 4.0]
+    >>> jax.grad(lambda x: double(x, backend="host")[0].sum())(jnp.ones(2)).tolist()
+    [2.0, 2.0]
+    """
+    def kernel(*inputs, **attrs):
+        if check is not None:
+            check(*inputs, **attrs)
+        leaves, in_tree = jax.tree_util.tree_flatten(list(inputs))
+        xla = op.get_kernel("xla", op.select_mode(None))
+
+        def xla_leaves(*args):
+            return jax.tree_util.tree_leaves(tuple(xla(*jax.tree_util.tree_unflatten(
+                in_tree, list(args)), **attrs)))
+
+        out_structs = tuple(jax.eval_shape(
+            lambda *a: tuple(xla(*jax.tree_util.tree_unflatten(in_tree, list(a)), **attrs)),
+            *leaves))
+        flat_structs, out_tree = jax.tree_util.tree_flatten(out_structs)
+        result_types = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in flat_structs]
+        on_host = _batched_host_call(op, host_fn, in_tree, [tuple(np.shape(x)) for x in leaves],
+                                     out_structs, attrs)
+
+        @jax.custom_vjp
+        def run(*args):
+            return jax.pure_callback(on_host, result_types, *args, vmap_method="expand_dims")
+
+        def forward(*args):
+            return run(*args), args
+
+        def backward(args, cotangents):
+            _, vjp = jax.vjp(xla_leaves, *args)
+            return vjp(list(cotangents))
+
+        run.defvjp(forward, backward)
+        return jax.tree_util.tree_unflatten(out_tree, run(*leaves))
+
+    kernel.__name__ = kernel.__qualname__ = f"{op.name}_host_kernel"
+    return kernel

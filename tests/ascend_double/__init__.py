@@ -1,0 +1,1 @@
+"""A test double of the CANN runtime (C sources) and the helper that builds it."""
