@@ -78,9 +78,11 @@ class Runtime:
             workspace_size, executor = c_uint64(0), c_void_p()
             self.lib.call(f"aclnn{aclnn}GetWorkspaceSize", *c_args, byref(workspace_size),
                           byref(executor))
-            # A repeatable executor is ours to destroy, so it cannot leak on any path.
-            self.lib.call("aclSetAclOpExecutorRepeatable", executor)
+            # A repeatable executor is ours to destroy, so it cannot leak when a step before
+            # aclnn<Op> fails (the runtime frees a plain one only inside aclnn<Op>). The
+            # release is registered first: if marking fails, destroying is still tried.
             res.release("aclDestroyAclOpExecutor", executor)
+            self.lib.call("aclSetAclOpExecutorRepeatable", executor)
             workspace = res.malloc(workspace_size.value) if workspace_size.value else None
             self.lib.call(f"aclnn{aclnn}", workspace, workspace_size, executor, stream)
             self.lib.call("aclrtSynchronizeStream", stream)
