@@ -1,0 +1,119 @@
+"""Axis-aligned boxes for NMS: decoding the box encodings and the pairwise overlap test.
+
+The one implementation of box decoding and intersection-over-union that NonMaxSuppression,
+:func:`jaxops.nms`, :func:`jaxops.batched_nms` and :func:`jaxops.efficient_nms` share.
+
+The two coordinate axes are interchangeable for IoU, so one decoder serves ONNX
+``[y1, x1, y2, x2]``, torchvision / TensorRT ``[x1, y1, x2, y2]`` and the centre encodings
+``[xc, yc, w, h]`` alike: a decoded box is its low and high edge on each axis plus its area.
+
+>>> import jax.numpy as jnp
+>>> a = decode_boxes(jnp.array([[0.0, 0.0, 2.0, 2.0]]))
+>>> b = decode_boxes(jnp.array([[3.0, 2.0, 1.0, 0.0]]))      # flipped corners
+>>> float(iou(a, b)[0]), bool(suppresses(a, b, 0.3)[0])
+(0.3333333432674408, True)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Boxes(NamedTuple):
+    """Decoded boxes: low and high edge on axis 0 and axis 1, and the area (arrays ``[...]``)."""
+
+    lo0: jax.Array
+    lo1: jax.Array
+    hi0: jax.Array
+    hi1: jax.Array
+    area: jax.Array
+
+    def map(self, fn) -> "Boxes":
+        """Applies ``fn`` to every field (gather, slice, broadcast)."""
+        return Boxes(*(fn(f) for f in self))
+
+    def corners(self) -> jax.Array:
+        """``[..., 4]`` as ``[lo0, lo1, hi0, hi1]``."""
+        return jnp.stack([self.lo0, self.lo1, self.hi0, self.hi1], axis=-1)
+
+
+def compute_dtype(*dtypes) -> jnp.dtype:
+    """The float type NMS arithmetic runs in: float32, or float64 for float64 inputs."""
+    return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
+
+
+def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool = True,
+                 dtype=None) -> Boxes:
+    """Decodes ``[..., 4]`` boxes.
+
+    Args:
+      boxes: corner boxes ``[a1, b1, a2, b2]`` (any diagonal pair of corners), or with
+        ``center=True`` centre boxes ``[ac, bc, size_a, size_b]``.
+      center: whether the boxes are centre-size encoded.
+      reorder: sort each axis' two edges so that ``lo <= hi``. ONNX Runtime does this for
+        corner boxes but not for centre boxes (a negative size then makes a box that
+        overlaps nothing); TensorRT does it for both.
+      dtype: arithmetic dtype (default :func:`compute_dtype` of ``boxes``).
+
+    Returns:
+      :class:`Boxes`; the area is ``(hi0 - lo0) * (hi1 - lo1)``, as ONNX Runtime computes it.
+    """
+    boxes = jnp.asarray(boxes)
+    boxes = boxes.astype(dtype or compute_dtype(boxes.dtype))
+    p0, p1, q0, q1 = (boxes[..., k] for k in range(4))
+    if center:
+        # half = size / 2 then centre -/+ half: the exact float ops ONNX Runtime uses.
+        h0, h1 = q0 / 2, q1 / 2
+        p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+    if reorder:
+        p0, q0 = jnp.minimum(p0, q0), jnp.maximum(p0, q0)
+        p1, q1 = jnp.minimum(p1, q1), jnp.maximum(p1, q1)
+    return Boxes(p0, p1, q0, q1, (q0 - p0) * (q1 - p1))
+
+
+def _intersection(a: Boxes, b: Boxes) -> jax.Array:
+    """Intersection area (0 for disjoint boxes); ``a`` and ``b`` broadcast."""
+    d0 = jnp.minimum(a.hi0, b.hi0) - jnp.maximum(a.lo0, b.lo0)
+    d1 = jnp.minimum(a.hi1, b.hi1) - jnp.maximum(a.lo1, b.lo1)
+    return jnp.maximum(d0, 0) * jnp.maximum(d1, 0)
+
+
+def iou(a: Boxes, b: Boxes) -> jax.Array:
+    """Intersection over union of broadcasting ``a`` and ``b``; 0 where the boxes do not
+    overlap or the union is not positive (TensorRT's convention)."""
+    inter = _intersection(a, b)
+    union = a.area + b.area - inter
+    ok = (inter > 0) & (union > 0)
+    return jnp.where(ok, inter / jnp.where(ok, union, 1), 0)
+
+
+def suppresses(kept: Boxes, later: Boxes, iou_threshold: float, *, inclusive: bool = False,
+               exact: bool = True) -> jax.Array:
+    """Whether a kept box suppresses a later candidate (``kept`` and ``later`` broadcast).
+
+    Args:
+      kept, later: decoded boxes.
+      iou_threshold: in ``[0, 1]``.
+      inclusive: ``False``: suppress when ``IoU > t`` (ONNX, torchvision); disjoint and
+        zero-area boxes then never suppress. ``True``: ``IoU >= t`` with IoU 0 for disjoint
+        boxes (TensorRT EfficientNMS), so ``t = 0`` suppresses every later box.
+      exact: ``True`` computes ``inter / union`` in float32 like ONNX Runtime, so decisions
+        match it bit for bit. ``False`` compares ``inter`` with ``t * union`` (no
+        division); a decision can then differ when the IoU lies within one float32
+        rounding of ``t``.
+    """
+    inter = _intersection(kept, later)
+    union = kept.area + later.area - inter
+    t = jnp.asarray(iou_threshold, inter.dtype)
+    if exact:
+        if inclusive:
+            return iou(kept, later) >= t
+        # 0 / union is 0 or NaN, never > t >= 0: disjoint and degenerate pairs keep both.
+        return inter / union > t
+    # inter > 0 implies union > 0 (both boxes then have positive extents).
+    if inclusive:
+        return ((inter > 0) & (inter >= t * union)) | (t <= 0)
+    return (inter > 0) & (inter > t * union)

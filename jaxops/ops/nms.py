@@ -1,0 +1,326 @@
+"""Non-maximum suppression: ONNX NonMaxSuppression, torchvision-style ``nms`` / ``batched_nms``.
+
+All of them run the one tiled greedy algorithm of :mod:`jaxops.ops.nms_tiled` on the box
+decoding and overlap test of :mod:`jaxops.ops.iou`; TensorRT-style ``efficient_nms`` lives
+in :mod:`jaxops.ops.efficient_nms`.
+
+Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the tests):
+
+- candidates are visited by decreasing score, ties to the lower box index (+0.0 and -0.0
+  tie); a candidate is kept unless a kept box of its problem has IoU *strictly greater*
+  than ``iou_threshold`` with it;
+- corner boxes may give either diagonal pair of corners; disjoint and zero-area boxes never
+  suppress anything (their IoU is 0, or 0/0);
+- with ``score_threshold``, only scores strictly greater than it are candidates;
+- **NaN scores are never selected** (ONNX leaves this undefined; ONNX Runtime's heap then
+  orders them arbitrarily, torchvision sorts them first). A box with a NaN coordinate is
+  never suppressed and suppresses nothing (every comparison with NaN is false).
+
+Precision modes (``impl_mode=`` or :func:`jaxops.impl_mode`): ``high_precision`` (the
+default) computes ``inter / union`` in float32 exactly as ONNX Runtime does;
+``high_performance`` compares ``inter > t * union`` instead (no division), which can flip a
+decision only when the IoU is within one float32 rounding of the threshold.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.dtypes import FLOATING, INDEX, INTEGER, DataType
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError
+from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops.compaction import compact_indices
+from jaxops.ops.iou import compute_dtype, decode_boxes
+from jaxops.ops.nms_tiled import score_candidates, sorted_nms
+
+NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
+
+IOU_THRESHOLD = AttrDef("iou_threshold", "float", 0.0, check=lambda t: 0.0 <= t <= 1.0,
+                        expected="a float in [0, 1] (as ONNX Runtime requires)")
+SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
+                          check=lambda t: not math.isnan(t), expected="a float (not NaN) or None")
+
+
+def index_dtype() -> np.dtype:
+    """int64 with ``jax_enable_x64`` (ONNX's output type), int32 without."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
+
+
+def _check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> None:
+    if not ok:
+        raise OpArgumentError(op, arg, f"shape {expected}", f"shape {list(shape)}")
+
+
+# -- NonMaxSuppression (ONNX opset 11) ------------------------------------------------------
+
+def _onnx_shapes(boxes_shape: tuple, scores_shape: tuple) -> tuple[int, int, int]:
+    op = "NonMaxSuppression"
+    _check_shape(op, "boxes", boxes_shape, "[num_batches, spatial_dimension, 4]",
+                 len(boxes_shape) == 3 and boxes_shape[2] == 4)
+    b, n = boxes_shape[:2]
+    _check_shape(op, "scores", scores_shape, f"[num_batches={b}, num_classes, "
+                 f"spatial_dimension={n}] (matching boxes)",
+                 len(scores_shape) == 3 and scores_shape[0] == b and scores_shape[2] == n)
+    return b, scores_shape[1], n
+
+
+def _onnx_capacity(b: int, c: int, n: int, attrs: dict) -> tuple[int, int]:
+    """Per-class limit and output rows (``size`` or the theoretical maximum)."""
+    per_class = min(n, attrs["max_output_boxes_per_class"])
+    rows = b * c * per_class if attrs["size"] is None else attrs["size"]
+    return per_class, rows
+
+
+def _onnx_infer_shape(ctx) -> list[tuple[int, ...]]:
+    b, c, n = _onnx_shapes(ctx.inputs[0].shape, ctx.inputs[1].shape)
+    return [(_onnx_capacity(b, c, n, ctx.attrs)[1], 3)]
+
+
+NON_MAX_SUPPRESSION = register_op(OpDef(
+    name="NonMaxSuppression",
+    inputs=[Input("boxes", FLOATING), Input("scores", FLOATING)],
+    outputs=[Output("selected_indices", INDEX)],
+    attrs=[
+        AttrDef("max_output_boxes_per_class", "int", 0, check=lambda k: k >= 0,
+                expected="an int >= 0 (0 selects nothing, as in ONNX; ONNX Runtime also treats "
+                         "negative values as 0 — pass 0 for that, or the box count for no limit)"),
+        IOU_THRESHOLD,
+        SCORE_THRESHOLD,
+        AttrDef("center_point_box", "int", 0, choices=(0, 1)),
+        AttrDef("size", "int", None, optional=True, check=lambda s: s >= 0,
+                expected="an int >= 0 or None (output capacity in rows)"),
+    ],
+    infer_shape=_onnx_infer_shape,
+    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
+    impl_modes=NMS_MODES,
+    data_dependent=True,
+    fill_values=[-1],
+    doc="ONNX NonMaxSuppression (opset 11): [batch, class, box] rows of the selected boxes",
+))
+
+
+def _per_problem(fn, *args):
+    """``vmap`` over the leading axis, or a plain call when it has length 1 (keeps the
+    tile loop's dynamic slices slices instead of gathers)."""
+    if jax.tree_util.tree_leaves(args)[0].shape[0] == 1:
+        first = jax.tree_util.tree_map(lambda x: x[0], args)
+        return jax.tree_util.tree_map(lambda x: x[None], fn(*first))
+    return jax.vmap(fn)(*args)
+
+
+def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, score_threshold,
+                 center_point_box, size, exact=True):
+    b, c, n = _onnx_shapes(boxes.shape, scores.shape)
+    per_class, rows = _onnx_capacity(b, c, n, dict(
+        max_output_boxes_per_class=max_output_boxes_per_class, size=size))
+    itype = index_dtype()
+    if b * c * per_class == 0 or rows == 0:
+        empty = jnp.full((rows, 3), -1, itype)
+        return (_rows_dynarray(empty, jnp.zeros((), jnp.int32), rows, size),)
+
+    dtype = compute_dtype(boxes.dtype, scores.dtype)
+    decoded = decode_boxes(boxes, center=center_point_box == 1, reorder=center_point_box == 0,
+                           dtype=dtype)                                  # fields [B, N]
+    scores = scores.astype(dtype)
+    valid = score_candidates(scores, score_threshold)
+    per_box = decoded.map(lambda f: jnp.broadcast_to(f[:, None], (b, c, n)).reshape(b * c, n))
+    solve = functools.partial(sorted_nms, iou_threshold=iou_threshold, max_output=per_class,
+                              exact=exact)
+    order, keep = _per_problem(solve, per_box, scores.reshape(b * c, n), valid.reshape(b * c, n))
+    # Kept ranks in problem-major order are exactly the output rows, in order.
+    flat, total = compact_indices(keep.reshape(-1), size=rows, fill_value=0)
+    problem = flat // n
+    out = jnp.stack([problem // c, problem % c, order.reshape(-1)[flat]], axis=1).astype(itype)
+    return (_rows_dynarray(out, total, rows, size),)
+
+
+def _rows_dynarray(out, total, rows: int, size: int | None) -> DynArray:
+    actual = jnp.minimum(total, rows)
+    out = jnp.where((jnp.arange(rows) < actual)[:, None], out, jnp.asarray(-1, out.dtype))
+    three = jnp.int32(3)
+    true_shape = None if size is None else jnp.stack([total, three])
+    return DynArray(out, jnp.stack([actual, three]), true_shape=true_shape, fill_value=-1)
+
+
+NON_MAX_SUPPRESSION.kernel("xla")(_onnx_kernel)
+NON_MAX_SUPPRESSION.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
+    functools.partial(_onnx_kernel, exact=False))
+
+
+def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_per_class: int = 0,
+                        iou_threshold: float = 0.0, score_threshold: float | None = None, *,
+                        center_point_box: int = 0, size: int | None = None,
+                        impl_mode: str | OpImplMode | None = None) -> DynArray:
+    """ONNX NonMaxSuppression (opset 11), as ONNX Runtime's CPU kernel computes it.
+
+    Args:
+      boxes: ``[num_batches, N, 4]`` float; ``[y1, x1, y2, x2]`` (any diagonal corner pair),
+        or ``[x_center, y_center, width, height]`` with ``center_point_box=1``.
+      scores: ``[num_batches, num_classes, N]`` float.
+      max_output_boxes_per_class: most boxes kept per batch and class; **0 selects nothing**
+        (the ONNX default; ONNX Runtime agrees).
+      iou_threshold: in ``[0, 1]``; a box is suppressed when its IoU with a kept box of the
+        same batch and class is strictly greater.
+      score_threshold: when given, only scores strictly greater are candidates.
+      center_point_box: 0 (corners) or 1 (centre and size).
+      size: capacity in rows; ``None`` is the maximum ``B * C * min(N, max_output_...)``. A
+        smaller capacity keeps the first ``size`` rows and reports the rest as lost
+        (``true_shape``, :meth:`DynArray.overflowed`), also inside jit.
+      impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
+
+    Returns:
+      A :class:`DynArray` of max shape ``[size, 3]``, actual shape ``[M, 3]``: rows
+      ``[batch, class, box]`` ordered by batch, class, then decreasing score (ties to the
+      lower box index), padded with ``-1`` rows. int64 with ``jax_enable_x64``, else int32.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> boxes = jnp.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 2, 1, 3.]]])
+      >>> scores = jnp.array([[[0.9, 0.8, 0.7]]])
+      >>> jaxops.refresh(jaxops.non_max_suppression(boxes, scores, 3, 0.5)).tolist()
+      [[0, 0, 0], [0, 0, 2]]
+    """
+    return NON_MAX_SUPPRESSION(
+        boxes, scores, max_output_boxes_per_class=max_output_boxes_per_class,
+        iou_threshold=iou_threshold, score_threshold=score_threshold,
+        center_point_box=center_point_box, size=size, impl_mode=impl_mode)[0]
+
+
+def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
+        max_output_size: int | None = None, score_threshold: float | None = None,
+        impl_mode: str | OpImplMode | None = None) -> DynArray:
+    """torchvision-compatible single-class NMS.
+
+    Args:
+      boxes: ``[N, 4]`` float ``[x1, y1, x2, y2]`` (flipped corners are accepted and
+        reordered, where torchvision would compute negative areas).
+      scores: ``[N]`` float.
+      iou_threshold: in ``[0, 1]``; suppress boxes with IoU strictly greater.
+      max_output_size: keep at most this many (the first ones by score, as TensorFlow's
+        ``max_output_size``); ``None`` keeps all. It is a selection limit, not a capacity.
+      score_threshold: only scores strictly greater are candidates (``None``: all).
+      impl_mode: see :func:`non_max_suppression`.
+
+    Returns:
+      DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score, padded
+      with -1. Differences from torchvision: NaN scores are never kept (torchvision sorts
+      them first); thresholds outside ``[0, 1]`` raise; indices are int32 unless x64 is on.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> boxes = jnp.array([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]])
+      >>> jaxops.refresh(jaxops.nms(boxes, jnp.array([0.5, 0.9, 0.7]), 0.5)).tolist()
+      [1, 2]
+    """
+    _single_class_shapes("nms", boxes, scores)
+    n = boxes.shape[0]
+    rows = non_max_suppression(
+        jnp.asarray(boxes)[None], jnp.asarray(scores)[None, None],
+        n if max_output_size is None else _limit("nms", max_output_size), iou_threshold,
+        score_threshold, impl_mode=impl_mode)
+    return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=-1)
+
+
+def _limit(op: str, value) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise OpArgumentError(op, "max_output_size", "an int >= 0 or None", repr(value))
+    return int(value)
+
+
+def _single_class_shapes(op: str, boxes, scores, idxs=None) -> None:
+    bs, ss = tuple(np.shape(boxes)), tuple(np.shape(scores))
+    _check_shape(op, "boxes", bs, "[N, 4]", len(bs) == 2 and bs[1] == 4)
+    _check_shape(op, "scores", ss, f"[N={bs[0]}] (one score per box)", ss == bs[:1])
+    if idxs is not None:
+        ids = tuple(np.shape(idxs))
+        _check_shape(op, "idxs", ids, f"[N={bs[0]}] (one class id per box)", ids == bs[:1])
+
+
+# -- batched_nms (torchvision semantics: independent NMS per class id) ---------------------
+
+def _batched_infer_shape(ctx) -> list[tuple[int, ...]]:
+    n = ctx.inputs[0].shape[0]
+    limit = ctx.attrs["max_output_size"]
+    return [(n if limit is None else min(n, limit),)]
+
+
+BATCHED_NMS = register_op(OpDef(
+    name="BatchedNMS",
+    inputs=[Input("boxes", FLOATING), Input("scores", FLOATING), Input("idxs", INTEGER)],
+    outputs=[Output("keep", INDEX)],
+    attrs=[IOU_THRESHOLD,
+           AttrDef("max_output_size", "int", None, optional=True, check=lambda k: k >= 0,
+                   expected="an int >= 0 or None"),
+           SCORE_THRESHOLD],
+    infer_shape=_batched_infer_shape,
+    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
+    impl_modes=NMS_MODES,
+    data_dependent=True,
+    fill_values=[-1],
+    doc="torchvision batched_nms: NMS independently per class id, kept indices by score",
+))
+
+
+def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold,
+                    exact=True):
+    _single_class_shapes("BatchedNMS", boxes, scores, idxs)
+    n = boxes.shape[0]
+    limit = n if max_output_size is None else min(n, max_output_size)
+    dtype = compute_dtype(boxes.dtype, scores.dtype)
+    scores = scores.astype(dtype)
+    order, keep = sorted_nms(decode_boxes(boxes, dtype=dtype), scores,
+                             score_candidates(scores, score_threshold), iou_threshold, limit,
+                             groups=idxs, exact=exact)
+    ranks, count = compact_indices(keep, size=limit, fill_value=0)
+    kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)
+    return (DynArray(kept.astype(index_dtype()), count.reshape(1), fill_value=-1),)
+
+
+BATCHED_NMS.kernel("xla")(_batched_kernel)
+BATCHED_NMS.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
+    functools.partial(_batched_kernel, exact=False))
+
+
+def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_threshold: float, *,
+                max_output_size: int | None = None, score_threshold: float | None = None,
+                impl_mode: str | OpImplMode | None = None) -> DynArray:
+    """torchvision-compatible ``batched_nms``: NMS independently within each class id.
+
+    Args:
+      boxes, scores, iou_threshold, max_output_size, score_threshold, impl_mode: as
+        :func:`nms` (``max_output_size`` limits the total over all classes).
+      idxs: ``[N]`` integer class id of each box; boxes of different ids never suppress
+        each other.
+
+    Returns:
+      DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score over all
+      classes (ties to the lower index), padded with -1.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> boxes = jnp.array([[0, 0, 10, 10], [1, 1, 11, 11], [1, 1, 11, 11.]])
+      >>> kept = jaxops.batched_nms(boxes, jnp.array([0.9, 0.8, 0.7]), jnp.array([0, 0, 1]), 0.5)
+      >>> jaxops.refresh(kept).tolist()
+      [0, 2]
+    """
+    _single_class_shapes("batched_nms", boxes, scores, idxs)
+    return BATCHED_NMS(boxes, scores, idxs, iou_threshold=iou_threshold,
+                       max_output_size=None if max_output_size is None
+                       else _limit("batched_nms", max_output_size),
+                       score_threshold=score_threshold, impl_mode=impl_mode)[0]
+
+
+def __getattr__(name: str):
+    # jaxops.efficient_nms resolves through this module; importing it lazily avoids a cycle
+    # (efficient_nms.py builds on the attrs defined here).
+    if name == "efficient_nms":
+        from jaxops.ops.efficient_nms import efficient_nms
+        return efficient_nms
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,235 @@
+"""Numpy references of the NMS family and their rows in the shared op matrix.
+
+The references are written from the specifications, one candidate at a time, in float32
+numpy arithmetic: ONNX NonMaxSuppression as ONNX Runtime's CPU kernel computes it,
+torchvision's ``nms`` / ``batched_nms`` algorithm, and TensorRT's EfficientNMS.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import jaxops
+from jaxops.ops.efficient_nms import EfficientNMSOutput
+from tests.op_matrix import OpCase
+
+F32 = np.float32
+
+
+def np_decode(boxes: np.ndarray, center: bool = False, reorder: bool = True) -> np.ndarray:
+    """``[..., 5]`` float32: lo0, lo1, hi0, hi1, area (ONNX Runtime's arithmetic)."""
+    b = np.asarray(boxes, F32)
+    p0, p1, q0, q1 = (b[..., k] for k in range(4))
+    if center:
+        h0, h1 = q0 / F32(2), q1 / F32(2)
+        p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+    if reorder:
+        p0, q0 = np.minimum(p0, q0), np.maximum(p0, q0)
+        p1, q1 = np.minimum(p1, q1), np.maximum(p1, q1)
+    return np.stack([p0, p1, q0, q1, (q0 - p0) * (q1 - p1)], axis=-1)
+
+
+def onnx_suppresses(kept: np.ndarray, box: np.ndarray, t: float) -> np.ndarray:
+    """ONNX Runtime's SuppressByIOU of one candidate against decoded kept boxes ``[K, 5]``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d0 = np.minimum(kept[:, 2], box[2]) - np.maximum(kept[:, 0], box[0])
+        d1 = np.minimum(kept[:, 3], box[3]) - np.maximum(kept[:, 1], box[1])
+        inter = d0 * d1
+        union = kept[:, 4] + box[4] - inter
+        ok = (d0 > 0) & (d1 > 0) & (inter > 0) & (kept[:, 4] > 0) & (box[4] > 0) & (union > 0)
+        return ok & (inter / union > F32(t))
+
+
+def trt_suppresses(kept: np.ndarray, box: np.ndarray, t: float) -> np.ndarray:
+    """TensorRT's ``IOU(...) >= t`` with IoU 0 for disjoint boxes or non-positive union."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d0 = np.minimum(kept[:, 2], box[2]) - np.maximum(kept[:, 0], box[0])
+        d1 = np.minimum(kept[:, 3], box[3]) - np.maximum(kept[:, 1], box[1])
+        inter = np.where((d0 > 0) & (d1 > 0), d0 * d1, F32(0))
+        union = kept[:, 4] + box[4] - inter
+        iou = np.where((inter > 0) & (union > 0), inter / union, F32(0))
+        return iou >= F32(t)
+
+
+def greedy(dec: np.ndarray, order, limit: int, suppress, groups=None) -> list[int]:
+    """Sequential greedy NMS over candidate indices ``order`` (best first)."""
+    kept: list[int] = []
+    for i in order:
+        if len(kept) >= limit:
+            break
+        mask = suppress(dec[kept], dec[i]) if kept else np.zeros(0, bool)
+        if groups is not None:
+            mask &= groups[kept] == groups[i]
+        if not mask.any():
+            kept.append(int(i))
+    return kept
+
+
+def by_score(scores: np.ndarray, candidates) -> list[int]:
+    """Candidate indices by decreasing score, ties to the lower index (-0.0 == 0.0)."""
+    return sorted(candidates, key=lambda i: (-float(scores[i]), i))
+
+
+def ref_non_max_suppression(boxes, scores, max_output_boxes_per_class=0, iou_threshold=0.0,
+                            score_threshold=None, center_point_box=0, size=None):
+    """ONNX NonMaxSuppression; NaN scores are never candidates. Rows ``[M, 3]``."""
+    boxes, scores = np.asarray(boxes, F32), np.asarray(scores, F32)
+    rows = []
+    for b in range(boxes.shape[0]):
+        dec = np_decode(boxes[b], center=center_point_box == 1, reorder=center_point_box == 0)
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            cand = [i for i in range(len(s)) if not np.isnan(s[i])
+                    and (score_threshold is None or s[i] > F32(score_threshold))]
+            kept = greedy(dec, by_score(s, cand), max_output_boxes_per_class,
+                          functools.partial(onnx_suppresses, t=iou_threshold))
+            rows += [[b, c, i] for i in kept]
+    rows = np.asarray(rows, np.int64).reshape(-1, 3)
+    return rows if size is None else rows[:size]
+
+
+def torchvision_nms(boxes, scores, iou_threshold):
+    """torchvision's CPU nms kernel, literally (``[x1, y1, x2, y2]`` with x1 <= x2)."""
+    x1, y1, x2, y2 = (np.asarray(boxes, F32)[:, k] for k in range(4))
+    areas = (x2 - x1) * (y2 - y1)
+    order = by_score(scores, range(len(scores)))
+    suppressed = np.zeros(len(order), bool)
+    keep = []
+    for a, i in enumerate(order):
+        if suppressed[i]:
+            continue
+        keep.append(i)
+        for j in order[a + 1:]:
+            w = max(F32(0), min(x2[i], x2[j]) - max(x1[i], x1[j]))
+            h = max(F32(0), min(y2[i], y2[j]) - max(y1[i], y1[j]))
+            inter = w * h
+            with np.errstate(invalid="ignore", divide="ignore"):
+                if inter / (areas[i] + areas[j] - inter) > F32(iou_threshold):
+                    suppressed[j] = True
+    return keep
+
+
+def _torch_inputs(boxes, scores, score_threshold):
+    """Corners reordered (our documented extension) and candidates filtered."""
+    b = np.asarray(boxes, F32)
+    b = np.concatenate([np.minimum(b[:, :2], b[:, 2:]), np.maximum(b[:, :2], b[:, 2:])], 1)
+    s = np.asarray(scores, F32)
+    cand = np.array([i for i in range(len(s)) if not np.isnan(s[i])
+                     and (score_threshold is None or s[i] > F32(score_threshold))], np.int64)
+    return b, s, cand
+
+
+def ref_nms(boxes, scores, iou_threshold, max_output_size=None, score_threshold=None):
+    b, s, cand = _torch_inputs(boxes, scores, score_threshold)
+    keep = cand[torchvision_nms(b[cand], s[cand], iou_threshold)] if len(cand) else cand
+    return np.asarray(keep[:max_output_size], np.int64)
+
+
+def ref_batched_nms(boxes, scores, idxs, iou_threshold, max_output_size=None,
+                    score_threshold=None):
+    """torchvision batched_nms: nms per class id, merged by decreasing score."""
+    b, s, cand = _torch_inputs(boxes, scores, score_threshold)
+    idxs = np.asarray(idxs)
+    keep = []
+    for k in np.unique(idxs[cand]) if len(cand) else []:
+        members = cand[idxs[cand] == k]
+        keep += list(members[torchvision_nms(b[members], s[members], iou_threshold)])
+    return np.asarray(by_score(s, keep)[:max_output_size], np.int64)
+
+
+def ref_efficient_nms(boxes, scores, max_output_boxes, iou_threshold, score_threshold,
+                      class_agnostic=False, box_coding=0, pre_nms_top_k=4096):
+    """TensorRT EfficientNMS, one image at a time."""
+    boxes, scores = np.asarray(boxes, F32), np.asarray(scores, F32)
+    bsz, n, c = scores.shape
+    k = max_output_boxes
+    out = EfficientNMSOutput(np.zeros((bsz, 1), np.int32), np.zeros((bsz, k, 4), F32),
+                             np.zeros((bsz, k), F32), np.zeros((bsz, k), np.int32))
+    for b in range(bsz):
+        flat = scores[b].reshape(-1)
+        cand = [e for e in range(n * c) if flat[e] >= F32(score_threshold)]
+        cand = by_score(flat, cand)[:pre_nms_top_k]
+        raw = np.stack([boxes[b, e // c] if boxes.ndim == 3 else boxes[b, e // c, e % c]
+                        for e in range(n * c)]) if n * c else np.zeros((0, 4), F32)
+        dec = np_decode(raw, center=box_coding == 1)
+        classes = np.arange(n * c) % c
+        kept = greedy(dec, cand, k, functools.partial(trt_suppresses, t=iou_threshold),
+                      groups=None if class_agnostic else classes)
+        corners = np_decode(raw, center=box_coding == 1, reorder=False)[:, :4]
+        out.num_detections[b, 0] = len(kept)
+        for slot, e in enumerate(kept):
+            out.detection_boxes[b, slot] = corners[e]
+            out.detection_scores[b, slot] = flat[e]
+            out.detection_classes[b, slot] = e % c
+    return out
+
+
+# -- random inputs ---------------------------------------------------------------------------
+
+def random_boxes(rng, shape, *, extent=10.0, size=(1.0, 4.0), jitter=0.2, flip=False,
+                 center=False, grid=None) -> np.ndarray:
+    """Boxes ``[*shape, 4]`` in clusters, like a detector's proposals, so IoUs cover [0, 1].
+
+    Each box is one of ``shape[-1] // 4 + 1`` object boxes in ``[0, extent]^2`` moved and
+    resized by ``jitter`` times its size. ``grid`` snaps coordinates to multiples of it
+    (exact ties of IoU with thresholds); ``flip`` swaps the corners of random boxes;
+    ``center`` returns ``[c0, c1, s0, s1]``.
+    """
+    n = shape[-1] if shape else 1
+    objects = (*shape[:-1], n // 4 + 1)
+    lo0, wh0 = rng.uniform(0, extent, (*objects, 2)), rng.uniform(*size, (*objects, 2))
+    pick = rng.integers(0, objects[-1], shape)
+    lo0 = np.take_along_axis(lo0, pick[..., None], axis=-2)
+    wh0 = np.take_along_axis(wh0, pick[..., None], axis=-2)
+    lo = lo0 + jitter * wh0 * rng.standard_normal((*shape, 2))
+    wh = wh0 * np.exp(jitter * rng.standard_normal((*shape, 2)))
+    if grid:
+        lo, wh = np.round(lo / grid) * grid, np.maximum(np.round(wh / grid), 1) * grid
+    if center:
+        return np.concatenate([lo + wh / 2, wh], -1).astype(F32)
+    b = np.concatenate([lo, lo + wh], -1)
+    if flip:
+        swap = rng.random((*shape, 2)) < 0.5
+        b = np.where(np.concatenate([swap, swap], -1), b[..., [2, 3, 0, 1]], b)
+    return b.astype(F32)
+
+
+def random_scores(rng, shape, *, levels=None) -> np.ndarray:
+    """Uniform scores; ``levels`` quantises them so that ties happen."""
+    s = rng.random(shape)
+    return (np.floor(s * levels) / levels if levels else s).astype(F32)
+
+
+def _onnx_inputs(rng, b=2, c=3, n=12, **kw):
+    return random_boxes(rng, (b, n), **kw), random_scores(rng, (b, c, n), levels=8)
+
+
+def _single_inputs(rng, n=16, classes=None):
+    boxes, scores = random_boxes(rng, (n,), flip=True), random_scores(rng, (n,), levels=8)
+    return (boxes, scores) if classes is None else (boxes, scores, rng.integers(0, classes, n))
+
+
+def _efficient_inputs(rng, b=2, n=10, c=3, per_class=False):
+    return random_boxes(rng, (b, n, c) if per_class else (b, n)), random_scores(rng, (b, n, c))
+
+
+CASES = [
+    OpCase("nms_onnx_corners_capacity", "NonMaxSuppression", jaxops.non_max_suppression,
+           functools.partial(_onnx_inputs, flip=True), ref_non_max_suppression,
+           attrs=dict(max_output_boxes_per_class=5, iou_threshold=0.4, size=9)),
+    OpCase("nms_onnx_center_score", "NonMaxSuppression", jaxops.non_max_suppression,
+           functools.partial(_onnx_inputs, center=True), ref_non_max_suppression,
+           attrs=dict(max_output_boxes_per_class=12, iou_threshold=0.3, score_threshold=0.4,
+                      center_point_box=1)),
+    OpCase("nms_torchvision", "NonMaxSuppression", jaxops.nms, _single_inputs, ref_nms,
+           attrs=dict(iou_threshold=0.5, max_output_size=9), launch_outputs=None),
+    OpCase("batched_nms", "BatchedNMS", jaxops.batched_nms,
+           functools.partial(_single_inputs, classes=3), ref_batched_nms,
+           attrs=dict(iou_threshold=0.3, score_threshold=0.2)),
+    OpCase("efficient_nms_per_class_boxes", "EfficientNMS", jaxops.efficient_nms,
+           functools.partial(_efficient_inputs, per_class=True), ref_efficient_nms,
+           attrs=dict(max_output_boxes=6, iou_threshold=0.4, score_threshold=0.2, box_coding=1),
+           launch_outputs=lambda outs: EfficientNMSOutput(*outs)),
+]
