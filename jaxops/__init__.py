@@ -14,6 +14,8 @@ from jaxops.core.registry import OpDef, get_op, list_ops, register_op
 from jaxops.core.tensor_desc import TensorDesc
 
 import jaxops.ops  # noqa: E402,F401  (registers every operator)
+import jaxops.backends.host_kernels  # noqa: E402,F401  (host kernels of those operators)
+from jaxops.backends import use_backend  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -44,5 +46,5 @@ def __getattr__(name: str):
 
 __all__ = [
     "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",
-    "get_op", "impl_mode", "list_ops", "refresh", "register_op",
+    "get_op", "impl_mode", "list_ops", "refresh", "register_op", "use_backend",
 ]

@@ -1,0 +1,151 @@
+"""Host (numpy) kernels of the NMS family: NonMaxSuppression, BatchedNMS, EfficientNMS.
+
+Plain sequential greedy NMS, vectorised per kept box, in the exact float arithmetic of
+:mod:`jaxops.ops.iou` (the same IEEE operations in the same order, so every keep/suppress
+decision — and hence every integer output — equals the ``xla`` kernel's). The host
+kernels always divide (``high_precision``); under ``high_performance`` they are at least
+as exact as the ``xla`` kernel, which may then differ within one float32 rounding of the
+threshold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxops.ops.iou import compute_dtype
+
+Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
+
+
+def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True) -> Boxes:
+    """numpy twin of :func:`jaxops.ops.iou.decode_boxes`."""
+    b = np.asarray(boxes).astype(dtype)
+    p0, p1, q0, q1 = (b[..., k] for k in range(4))
+    if center:
+        h0, h1 = q0 / dtype.type(2), q1 / dtype.type(2)
+        p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+    if reorder:
+        p0, q0 = np.minimum(p0, q0), np.maximum(p0, q0)
+        p1, q1 = np.minimum(p1, q1), np.maximum(p1, q1)
+    return p0, p1, q0, q1, (q0 - p0) * (q1 - p1)
+
+
+def _suppresses(boxes: Boxes, i: int, later: slice, t, inclusive: bool) -> np.ndarray:
+    """Does kept box ``i`` suppress the boxes ``later`` (exact mode of iou.suppresses)?"""
+    lo0, lo1, hi0, hi1, area = boxes
+    d0 = np.minimum(hi0[i], hi0[later]) - np.maximum(lo0[i], lo0[later])
+    d1 = np.minimum(hi1[i], hi1[later]) - np.maximum(lo1[i], lo1[later])
+    inter = np.maximum(d0, 0) * np.maximum(d1, 0)
+    union = area[i] + area[later] - inter
+    t = np.asarray(t, inter.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if inclusive:
+            ok = (inter > 0) & (union > 0)
+            return np.where(ok, inter / np.where(ok, union, 1), 0) >= t
+        return inter / union > t
+
+
+def greedy(boxes: Boxes, valid: np.ndarray, t: float, max_output: int,
+           groups: np.ndarray | None = None, inclusive: bool = False) -> np.ndarray:
+    """Sequential greedy NMS over candidates in priority order; the kept mask."""
+    n = valid.shape[0]
+    keep, suppressed, count = np.zeros(n, bool), ~valid, 0
+    for i in range(n):
+        if count >= max_output:
+            break
+        if suppressed[i]:
+            continue
+        keep[i] = True
+        count += 1
+        later = slice(i + 1, None)
+        hit = _suppresses(boxes, i, later, t, inclusive)
+        if groups is not None:
+            hit &= groups[later] == groups[i]
+        suppressed[later] |= hit
+    return keep
+
+
+def candidates(scores: np.ndarray, threshold: float | None, inclusive: bool = False) -> np.ndarray:
+    if threshold is None:
+        return ~np.isnan(scores)
+    t = np.asarray(threshold, scores.dtype)
+    return scores >= t if inclusive else scores > t
+
+
+def by_priority(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Valid first, by decreasing key, ties (+0.0 / -0.0 included) to the lower index."""
+    ids = np.arange(keys.shape[0])
+    return np.lexsort((ids, -np.where(valid, keys, 0), ~valid))
+
+
+def nms_indices(boxes: Boxes, scores: np.ndarray, valid: np.ndarray, t: float,
+                max_output: int, groups: np.ndarray | None = None) -> np.ndarray:
+    """Kept box indices by decreasing score (at most ``max_output``)."""
+    order = by_priority(scores, valid)
+    ordered = tuple(f[order] for f in boxes)
+    keep = greedy(ordered, valid[order], t, max_output,
+                  None if groups is None else groups[order])
+    return order[keep]
+
+
+def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_threshold,
+                        score_threshold, center_point_box, size):
+    b, n, _ = boxes.shape
+    c = scores.shape[1]
+    per_class = min(n, max_output_boxes_per_class)
+    dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
+    rows = []
+    for bi in range(b if per_class else 0):
+        decoded = decode(boxes[bi], dtype, center=center_point_box == 1,
+                         reorder=center_point_box == 0)
+        for ci in range(c):
+            s = scores[bi, ci].astype(dtype)
+            kept = nms_indices(decoded, s, candidates(s, score_threshold), iou_threshold,
+                               per_class)
+            rows += [(bi, ci, int(k)) for k in kept]
+    return (np.asarray(rows, np.int64).reshape(-1, 3),)
+
+
+def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold):
+    n = boxes.shape[0]
+    limit = n if max_output_size is None else min(n, max_output_size)
+    dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
+    s = scores.astype(dtype)
+    return (nms_indices(decode(boxes, dtype), s, candidates(s, score_threshold), iou_threshold,
+                        limit, groups=np.asarray(idxs)),)
+
+
+def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold,
+                  class_agnostic, box_coding, pre_nms_top_k):
+    b, n, c = scores.shape
+    k = max_output_boxes
+    num = np.zeros((b, 1), np.int32)
+    out_boxes = np.zeros((b, k, 4), boxes.dtype)
+    out_scores = np.zeros((b, k), scores.dtype)
+    out_classes = np.zeros((b, k), np.int32)
+    dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
+    for bi in range(b if k and n * c else 0):
+        flat = scores[bi].reshape(-1).astype(dtype)      # element box * C + class
+        valid = candidates(flat, score_threshold, inclusive=True)
+        cand = by_priority(np.where(valid, flat, -np.inf), np.ones_like(valid))
+        cand = cand[:min(pre_nms_top_k, n * c)]
+        box_id, cls = cand // c, cand % c
+        raw = boxes[bi][box_id] if boxes.ndim == 3 else boxes[bi][box_id, cls]
+        center = box_coding == 1
+        keep = greedy(decode(raw, dtype, center=center), valid[cand], iou_threshold, k,
+                      None if class_agnostic else cls, inclusive=True)
+        pos = np.flatnonzero(keep)
+        corners = np.stack(decode(raw, dtype, center=center, reorder=False)[:4], axis=-1)
+        num[bi, 0] = len(pos)
+        out_boxes[bi, :len(pos)] = corners[pos]
+        out_scores[bi, :len(pos)] = flat[cand][pos]
+        out_classes[bi, :len(pos)] = cls[pos]
+    return num, out_boxes, out_scores, out_classes
+
+
+#: operator name -> host function
+KERNELS = {
+    "NonMaxSuppression": non_max_suppression,
+    "BatchedNMS": batched_nms,
+    "EfficientNMS": efficient_nms,
+}
