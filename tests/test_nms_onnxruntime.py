@@ -88,7 +88,7 @@ def test_zero_max_output_means_no_output_as_in_onnxruntime():
 
 
 def test_high_performance_mode_agrees_on_random_problems():
-    # Off-grid coordinates: IoUs within a float32 rounding of the threshold are unlikely.
+    # Continuous scores: two of them agreeing in their leading 27 bits is unlikely.
     rng = np.random.default_rng(1)
     boxes = random_boxes(rng, (40, 20), flip=True)
     scores = random_scores(rng, (40, 3, 20))

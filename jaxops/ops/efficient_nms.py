@@ -33,7 +33,7 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import REQUIRED, AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.iou import compute_dtype, decode_boxes
-from jaxops.ops.nms import IOU_THRESHOLD, NMS_MODES, SCORE_THRESHOLD, _check_shape
+from jaxops.ops.nms import IOU_THRESHOLD, SCORE_THRESHOLD, _check_shape
 from jaxops.ops.nms_tiled import greedy_nms, score_candidates
 
 
@@ -77,13 +77,15 @@ EFFICIENT_NMS = register_op(OpDef(
     infer_shape=_infer_shape,
     infer_dtype=lambda ctx: [DataType.INT32, ctx.inputs[0].dtype, ctx.inputs[1].dtype,
                              DataType.INT32],
-    impl_modes=NMS_MODES,
+    # Candidates come from lax.top_k (TensorRT's order); no faster variant: a request for
+    # high_performance runs this one (select_impl_mode falls back).
+    impl_modes=OpImplMode.HIGH_PRECISION,
     doc="TensorRT EfficientNMS: per-image count plus zero-padded boxes, scores, classes",
 ))
 
 
 def _one_image(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold,
-               class_agnostic, box_coding, pre_nms_top_k, exact):
+               class_agnostic, box_coding, pre_nms_top_k):
     n, c = scores.shape
     dtype = compute_dtype(boxes.dtype, scores.dtype)
     flat = scores.reshape(-1).astype(dtype)                  # element n * C + c
@@ -95,8 +97,7 @@ def _one_image(boxes, scores, *, max_output_boxes, iou_threshold, score_threshol
     center = box_coding == 1
     keep, count = greedy_nms(decode_boxes(raw, center=center, dtype=dtype), valid[cand],
                              iou_threshold, max_output_boxes,
-                             groups=None if class_agnostic else cls, inclusive=True,
-                             exact=exact)
+                             groups=None if class_agnostic else cls, inclusive=True)
     pos, _ = compact_indices(keep, size=max_output_boxes, fill_value=0)
     slot = jnp.arange(max_output_boxes) < count
     corners = decode_boxes(raw, center=center, reorder=False, dtype=dtype).corners()
@@ -107,19 +108,15 @@ def _one_image(boxes, scores, *, max_output_boxes, iou_threshold, score_threshol
         jnp.where(slot, cls[pos], 0).astype(jnp.int32))
 
 
-def _kernel(boxes, scores, *, exact=True, **attrs):
+@EFFICIENT_NMS.kernel("xla")
+def _kernel(boxes, scores, **attrs):
     b, n, c = _shapes(boxes.shape, scores.shape)
     k = attrs["max_output_boxes"]
     if k == 0 or n * c == 0:
         return EfficientNMSOutput(jnp.zeros((b, 1), jnp.int32),
                                   jnp.zeros((b, k, 4), boxes.dtype),
                                   jnp.zeros((b, k), scores.dtype), jnp.zeros((b, k), jnp.int32))
-    return tuple(jax.vmap(functools.partial(_one_image, exact=exact, **attrs))(boxes, scores))
-
-
-EFFICIENT_NMS.kernel("xla")(_kernel)
-EFFICIENT_NMS.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
-    functools.partial(_kernel, exact=False))
+    return tuple(jax.vmap(functools.partial(_one_image, **attrs))(boxes, scores))
 
 
 def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
@@ -138,7 +135,8 @@ def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
       class_agnostic: one NMS over all classes instead of one per class.
       box_coding: 0 (corners) or 1 (centre-size).
       pre_nms_top_k: candidates that enter NMS (TensorRT fixes 4096).
-      impl_mode: see :func:`jaxops.non_max_suppression`.
+      impl_mode: accepted for uniformity; only ``high_precision`` exists (a
+        ``high_performance`` request runs it).
 
     Returns:
       :class:`EfficientNMSOutput` ``(num_detections [B, 1] int32, detection_boxes [B, K, 4],

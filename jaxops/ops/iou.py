@@ -90,30 +90,20 @@ def iou(a: Boxes, b: Boxes) -> jax.Array:
     return jnp.where(ok, inter / jnp.where(ok, union, 1), 0)
 
 
-def suppresses(kept: Boxes, later: Boxes, iou_threshold: float, *, inclusive: bool = False,
-               exact: bool = True) -> jax.Array:
+def suppresses(kept: Boxes, later: Boxes, iou_threshold: float, *,
+               inclusive: bool = False) -> jax.Array:
     """Whether a kept box suppresses a later candidate (``kept`` and ``later`` broadcast).
 
     Args:
       kept, later: decoded boxes.
       iou_threshold: in ``[0, 1]``.
-      inclusive: ``False``: suppress when ``IoU > t`` (ONNX, torchvision); disjoint and
-        zero-area boxes then never suppress. ``True``: ``IoU >= t`` with IoU 0 for disjoint
-        boxes (TensorRT EfficientNMS), so ``t = 0`` suppresses every later box.
-      exact: ``True`` computes ``inter / union`` in float32 like ONNX Runtime, so decisions
-        match it bit for bit. ``False`` compares ``inter`` with ``t * union`` (no
-        division); a decision can then differ when the IoU lies within one float32
-        rounding of ``t``.
+      inclusive: ``False``: suppress when ``IoU > t`` (ONNX, torchvision), with IoU
+        computed as ``inter / union`` in float32 exactly as ONNX Runtime does, so decisions
+        match it bit for bit; disjoint and zero-area boxes never suppress (``0 / union`` is
+        0 or NaN). ``True``: ``IoU >= t`` with IoU 0 for disjoint boxes (TensorRT
+        EfficientNMS), so ``t = 0`` suppresses every later box.
     """
-    inter = _intersection(kept, later)
-    union = kept.area + later.area - inter
-    t = jnp.asarray(iou_threshold, inter.dtype)
-    if exact:
-        if inclusive:
-            return iou(kept, later) >= t
-        # 0 / union is 0 or NaN, never > t >= 0: disjoint and degenerate pairs keep both.
-        return inter / union > t
-    # inter > 0 implies union > 0 (both boxes then have positive extents).
     if inclusive:
-        return ((inter > 0) & (inter >= t * union)) | (t <= 0)
-    return (inter > 0) & (inter > t * union)
+        return iou(kept, later) >= iou_threshold
+    inter = _intersection(kept, later)
+    return inter / (kept.area + later.area - inter) > jnp.asarray(iou_threshold, inter.dtype)

@@ -16,10 +16,15 @@ Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the t
   orders them arbitrarily, torchvision sorts them first). A box with a NaN coordinate is
   never suppressed and suppresses nothing (every comparison with NaN is false).
 
-Precision modes (``impl_mode=`` or :func:`jaxops.impl_mode`): ``high_precision`` (the
-default) computes ``inter / union`` in float32 exactly as ONNX Runtime does;
-``high_performance`` compares ``inter > t * union`` instead (no division), which can flip a
-decision only when the IoU is within one float32 rounding of the threshold.
+Precision modes (``impl_mode=`` or :func:`jaxops.impl_mode`); both compute the IoU as
+``inter / union`` in float32 exactly as ONNX Runtime does. ``high_precision`` (the default)
+ranks the candidates by their exact scores. ``high_performance`` ranks them on the leading
+``32 - ceil(log2 N)`` bits of the float32 scores (for 5000 boxes 10 of the 23 mantissa
+bits, float16-like) in one sort instead of two: scores that agree in those bits are ranked
+by box index, which can change which of two overlapping boxes survives. It measured ~4%
+faster on the CPU (the sort is a small part of the work); float64 scores and more than
+2**15 boxes are always ranked exactly. Also measured and dropped: a division-free test
+``inter > t * union`` (no faster on the CPU).
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
 def index_dtype() -> np.dtype:
     """int64 with ``jax_enable_x64`` (ONNX's output type), int32 without."""
     return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
+
+
+# Every NMS operator with a DynArray of indices as its output declares these.
+_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
+                     impl_modes=NMS_MODES, data_dependent=True, fill_values=[-1])
 
 
 def _check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> None:
@@ -98,10 +108,7 @@ NON_MAX_SUPPRESSION = register_op(OpDef(
                 expected="an int >= 0 or None (output capacity in rows)"),
     ],
     infer_shape=_onnx_infer_shape,
-    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
-    impl_modes=NMS_MODES,
-    data_dependent=True,
-    fill_values=[-1],
+    **_INDEX_OUTPUT,
     doc="ONNX NonMaxSuppression (opset 11): [batch, class, box] rows of the selected boxes",
 ))
 
@@ -116,7 +123,7 @@ def _per_problem(fn, *args):
 
 
 def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, score_threshold,
-                 center_point_box, size, exact=True):
+                 center_point_box, size, exact_ranking=True):
     b, c, n = _onnx_shapes(boxes.shape, scores.shape)
     per_class, rows = _onnx_capacity(b, c, n, dict(
         max_output_boxes_per_class=max_output_boxes_per_class, size=size))
@@ -132,7 +139,7 @@ def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, sc
     valid = score_candidates(scores, score_threshold)
     per_box = decoded.map(lambda f: jnp.broadcast_to(f[:, None], (b, c, n)).reshape(b * c, n))
     solve = functools.partial(sorted_nms, iou_threshold=iou_threshold, max_output=per_class,
-                              exact=exact)
+                              exact_ranking=exact_ranking)
     order, keep = _per_problem(solve, per_box, scores.reshape(b * c, n), valid.reshape(b * c, n))
     # Kept ranks in problem-major order are exactly the output rows, in order.
     flat, total = compact_indices(keep.reshape(-1), size=rows, fill_value=0)
@@ -151,7 +158,7 @@ def _rows_dynarray(out, total, rows: int, size: int | None) -> DynArray:
 
 NON_MAX_SUPPRESSION.kernel("xla")(_onnx_kernel)
 NON_MAX_SUPPRESSION.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
-    functools.partial(_onnx_kernel, exact=False))
+    functools.partial(_onnx_kernel, exact_ranking=False))
 
 
 def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_per_class: int = 0,
@@ -260,16 +267,13 @@ BATCHED_NMS = register_op(OpDef(
                    expected="an int >= 0 or None"),
            SCORE_THRESHOLD],
     infer_shape=_batched_infer_shape,
-    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
-    impl_modes=NMS_MODES,
-    data_dependent=True,
-    fill_values=[-1],
+    **_INDEX_OUTPUT,
     doc="torchvision batched_nms: NMS independently per class id, kept indices by score",
 ))
 
 
 def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold,
-                    exact=True):
+                    exact_ranking=True):
     _single_class_shapes("BatchedNMS", boxes, scores, idxs)
     n = boxes.shape[0]
     limit = n if max_output_size is None else min(n, max_output_size)
@@ -277,7 +281,7 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     scores = scores.astype(dtype)
     order, keep = sorted_nms(decode_boxes(boxes, dtype=dtype), scores,
                              score_candidates(scores, score_threshold), iou_threshold, limit,
-                             groups=idxs, exact=exact)
+                             groups=idxs, exact_ranking=exact_ranking)
     ranks, count = compact_indices(keep, size=limit, fill_value=0)
     kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)
     return (DynArray(kept.astype(index_dtype()), count.reshape(1), fill_value=-1),)
@@ -285,7 +289,7 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
 
 BATCHED_NMS.kernel("xla")(_batched_kernel)
 BATCHED_NMS.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
-    functools.partial(_batched_kernel, exact=False))
+    functools.partial(_batched_kernel, exact_ranking=False))
 
 
 def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_threshold: float, *,

@@ -2,22 +2,23 @@
 
 Greedy NMS walks the candidates in priority order and keeps one when no kept box
 suppresses it. Done box by box that is thousands of tiny sequential steps, which XLA runs
-slowly. Here the candidates are cut into tiles of ``T`` (64–256) boxes and each tile takes
-one step:
+slowly. Here the candidates are cut into tiles of ``T`` boxes and each tile takes one step:
 
-1. its candidates are the boxes no kept box of an earlier tile has suppressed;
+1. its candidates are tested against every box kept so far, which sit compacted in a
+   buffer and are read in blocks (``T x block`` vector steps, as many as the kept boxes
+   need — so the work is about ``N x kept``, as in ONNX Runtime's loop, not ``N x N``);
 2. the greedy decisions inside the tile are resolved with a fixed-point iteration on the
    tile's ``T x T`` suppression matrix ``S``: ``keep = cand & ~any(keep[i] & S[i, j])``.
-   Iterate ``i`` times and the first ``i`` decisions equal the sequential greedy ones, and
+   After ``i`` iterations the first ``i`` decisions equal the sequential greedy ones and
    the fixed point is unique, so stopping when nothing changes gives exactly the greedy
-   result — usually after a handful of iterations (the length of the longest chain of
-   suppressions inside the tile);
-3. the tile's kept boxes suppress all later boxes at once (a ``T x W`` vector step).
+   result — usually after a handful of iterations (the longest chain of suppressions
+   inside the tile);
+3. the tile's kept boxes are appended to the buffer.
 
-Step 3 only needs the columns after the tile. Shapes must be static, so the tiles are split
-into a few *phases*, each with its own static column window (the columns from the phase's
-first tile on): with ``P`` phases the work is about ``(1 + 1/P) / 2`` of the full ``N x N``
-IoU matrix. The loop stops early once ``max_output`` boxes are kept or no candidate is left.
+The loop stops once ``max_output`` boxes are kept or no candidate is left. Measured
+alternatives (see benchmarks/cases_nms.py): pushing each tile's suppression onto all later
+boxes is as fast for scattered boxes but 2–4x slower when most boxes are suppressed or
+there are many classes; a box-by-box loop is ~4x slower than ONNX Runtime.
 
 >>> import jax.numpy as jnp
 >>> from jaxops.ops.iou import decode_boxes
@@ -31,34 +32,20 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxops.ops.iou import Boxes, suppresses
 
-MAX_TILE = 256
-MAX_PHASES = 8
+TILE = 128   # candidates decided per step
+BLOCK = 256  # kept boxes read per step of the test against earlier tiles
 
 
-def tile_plan(n: int, tile: int | None = None, phases: int | None = None) -> tuple[int, list[int]]:
-    """The tile size and the first tile of each phase (plus the end) for ``n`` candidates.
-
-    >>> tile_plan(5000)
-    (256, [0, 2, 5, 8, 10, 12, 15, 18, 20])
-    >>> tile_plan(10)
-    (16, [0, 1])
-    """
-    if tile is None:
-        tile = min(MAX_TILE, max(8, 1 << max(n - 1, 0).bit_length()))
-    n_tiles = -(-n // tile)
-    phases = min(MAX_PHASES if phases is None else phases, n_tiles)
-    bounds = np.linspace(0, n_tiles, phases + 1).round().astype(int) if n_tiles else [0]
-    return tile, [int(b) for b in bounds]
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
 
 
 def greedy_nms(boxes: Boxes, valid: jax.Array, iou_threshold: float, max_output: int, *,
-               groups: jax.Array | None = None, inclusive: bool = False, exact: bool = True,
-               tile: int | None = None, phases: int | None = None) -> tuple[jax.Array, jax.Array]:
+               groups: jax.Array | None = None, inclusive: bool = False, tile: int = TILE, block: int = BLOCK) -> tuple[jax.Array, jax.Array]:
     """Greedy NMS over candidates that are already in priority order (best first).
 
     Args:
@@ -67,8 +54,8 @@ def greedy_nms(boxes: Boxes, valid: jax.Array, iou_threshold: float, max_output:
       iou_threshold: see :func:`jaxops.ops.iou.suppresses`.
       max_output: stop after this many kept boxes (static).
       groups: optional ``[L]`` int class ids; a box suppresses only boxes of its own group.
-      inclusive, exact: the overlap test, see :func:`jaxops.ops.iou.suppresses`.
-      tile, phases: override the :func:`tile_plan` (for tests and tuning).
+      inclusive: the overlap test, see :func:`jaxops.ops.iou.suppresses`.
+      tile, block: step sizes (for tests and tuning); small problems use smaller tiles.
 
     Returns:
       ``(keep, count)``: ``keep`` is ``[L]`` bool, ``count`` the number kept (int32).
@@ -76,25 +63,21 @@ def greedy_nms(boxes: Boxes, valid: jax.Array, iou_threshold: float, max_output:
     n = valid.shape[0]
     if n == 0 or max_output <= 0:
         return jnp.zeros((n,), bool), jnp.zeros((), jnp.int32)
-    tile, bounds = tile_plan(n, tile, phases)
-    padded = bounds[-1] * tile
-    pad = padded - n
-    boxes = boxes.map(lambda f: jnp.pad(f, (0, pad)))
-    valid = jnp.pad(valid, (0, pad))
-    groups = None if groups is None else jnp.pad(groups.astype(jnp.int32), (0, pad))
-    ids = jnp.arange(padded, dtype=jnp.int32)
-    # One past the last valid candidate: tiles beyond it have nothing to decide.
-    active_end = jnp.max(jnp.where(valid, ids + 1, 0))
+    tile = min(tile, max(8, 1 << (n - 1).bit_length()))
+    n_tiles = -(-n // tile)
+    padded = n_tiles * tile
+    block = min(block, _round_up(min(max_output, n), tile))
+    capacity = _round_up(min(max_output, n), block)
+    fields = jnp.pad(jnp.stack(boxes), ((0, 0), (0, padded - n)))          # [5, padded]
+    valid = jnp.pad(valid, (0, padded - n))
+    groups = None if groups is None else jnp.pad(groups.astype(jnp.int32), (0, padded - n))
+    before = jnp.arange(tile)[:, None] < jnp.arange(tile)[None, :]         # i earlier than j
 
-    def overlap(start: jax.Array, col0: int) -> jax.Array:
-        """[T, W]: does tile row i suppress column j (columns from ``col0`` on, j > i)?"""
-        rows = boxes.map(lambda f: lax.dynamic_slice_in_dim(f, start, tile)[:, None])
-        cols = boxes.map(lambda f: f[None, col0:])
-        s = suppresses(rows, cols, iou_threshold, inclusive=inclusive, exact=exact)
-        s &= ids[None, col0:] > (start + jnp.arange(tile, dtype=jnp.int32))[:, None]
-        if groups is not None:
-            s &= lax.dynamic_slice_in_dim(groups, start, tile)[:, None] == groups[None, col0:]
-        return s
+    def test(a: jax.Array, b: jax.Array, ga, gb) -> jax.Array:
+        """[len(a), len(b)]: does box a[i] suppress box b[j] (same group)?"""
+        s = suppresses(Boxes(*a[:, :, None]), Boxes(*b[:, None, :]), iou_threshold,
+                       inclusive=inclusive)
+        return s if ga is None else s & (ga[:, None] == gb[None, :])
 
     def resolve(cand: jax.Array, s_tile: jax.Array) -> jax.Array:
         """Greedy decisions inside one tile by fixed-point iteration (see module doc)."""
@@ -104,31 +87,48 @@ def greedy_nms(boxes: Boxes, valid: jax.Array, iou_threshold: float, max_output:
             return new, jnp.any(new != keep)
         return lax.while_loop(lambda st: st[1], step, (cand, jnp.bool_(True)))[0]
 
-    suppressed, keep, count = ~valid, jnp.zeros((padded,), bool), jnp.zeros((), jnp.int32)
-    for first, end in zip(bounds[:-1], bounds[1:]):
-        col0 = first * tile
+    def decide(t, kept, kept_groups, count, keep, pull: bool):
+        start = t * tile
+        rows = lax.dynamic_slice_in_dim(fields, start, tile, axis=1)
+        row_groups = None if groups is None else lax.dynamic_slice_in_dim(groups, start, tile)
+        cand = lax.dynamic_slice_in_dim(valid, start, tile)
+        if pull:  # tested against every box kept by earlier tiles, a block at a time
+            def one_block(state):
+                j, hit = state
+                kb = lax.dynamic_slice_in_dim(kept, j * block, block, axis=1)
+                kg = None if groups is None else lax.dynamic_slice_in_dim(kept_groups, j * block, block)
+                s = test(kb, rows, kg, row_groups)
+                s &= (j * block + jnp.arange(block) < count)[:, None]
+                return j + 1, hit | jnp.any(s, axis=0)
+            n_blocks = (count + block - 1) // block
+            # Stop reading blocks once every candidate of the tile is suppressed.
+            _, hit = lax.while_loop(lambda st: (st[0] < n_blocks) & ~jnp.all(st[1] | ~cand),
+                                    one_block, (jnp.int32(0), jnp.zeros((tile,), bool)))
+            cand &= ~hit
+        k = resolve(cand, test(rows, rows, row_groups, row_groups) & before)
+        rank = jnp.cumsum(k, dtype=jnp.int32)
+        k &= rank <= max_output - count
+        dest = jnp.where(k, count + rank - 1, capacity)                      # capacity: dropped
+        kept = kept.at[:, dest].set(rows, mode="drop")
+        if groups is not None:
+            kept_groups = kept_groups.at[dest].set(row_groups, mode="drop")
+        keep = lax.dynamic_update_slice_in_dim(keep, k, start, 0)
+        return t + 1, kept, kept_groups, count + jnp.sum(k, dtype=jnp.int32), keep
 
-        def body(state, col0=col0):
-            t, suppressed, keep, count = state
-            start = t * tile
-            s = overlap(start, col0)
-            cand = ~lax.dynamic_slice_in_dim(suppressed, start, tile)
-            k = resolve(cand, lax.dynamic_slice_in_dim(s, start - col0, tile, axis=1))
-            k &= jnp.cumsum(k, dtype=jnp.int32) <= max_output - count
-            hit = jnp.any(k[:, None] & s, axis=0)
-            suppressed = suppressed.at[col0:].set(suppressed[col0:] | hit)
-            keep = lax.dynamic_update_slice_in_dim(keep, k, start, 0)
-            return t + 1, suppressed, keep, count + jnp.sum(k, dtype=jnp.int32)
+    kept_groups = None if groups is None else jnp.zeros((capacity,), jnp.int32)
+    # The first tile has nothing to test against: decided without the block loop.
+    state = decide(jnp.int32(0), jnp.zeros((5, capacity), fields.dtype), kept_groups,
+                   jnp.zeros((), jnp.int32), jnp.zeros((padded,), bool), pull=False)
+    if n_tiles > 1:
+        ids = jnp.arange(padded, dtype=jnp.int32)
+        active_end = jnp.max(jnp.where(valid, ids + 1, 0))  # no candidate after this
 
-        def more(state, end=end):
-            t, _, _, count = state
-            return (t < end) & (t * tile < active_end) & (count < max_output)
+        def more(state):
+            t, _, _, count, _ = state
+            return (t < n_tiles) & (t * tile < active_end) & (count < max_output)
 
-        state = (jnp.int32(first), suppressed, keep, count)
-        if end - first == 1:  # one tile: no loop, cheaper to compile (and always correct)
-            _, suppressed, keep, count = body(state)
-        else:
-            _, suppressed, keep, count = lax.while_loop(more, body, state)
+        state = lax.while_loop(more, lambda st: decide(*st, pull=True), state)
+    _, _, _, count, keep = state
     return keep[:n], count
 
 
@@ -142,29 +142,55 @@ def score_candidates(scores: jax.Array, score_threshold: float | None, *,
     return scores >= t if inclusive else scores > t  # NaN compares False: never a candidate
 
 
-def priority_order(scores: jax.Array, valid: jax.Array) -> jax.Array:
+_MAX_FAST_ORDER = 1 << 15  # the fast ordering packs a rank and an index into one int32
+
+
+def priority_order(scores: jax.Array, valid: jax.Array, exact: bool = True) -> jax.Array:
     """Indices sorting the last axis: valid candidates first by decreasing score, ties
-    (including +0.0 / -0.0) to the lower index, then the invalid ones."""
+    (including +0.0 / -0.0) to the lower index, then the invalid ones.
+
+    XLA's CPU sort is fast for one int32 operand and ~4x slower with several operands, so
+    for float32 scores and up to 2**15 boxes the order comes from one-operand sorts of
+    order-preserving int32 keys of the scores. ``exact`` packs ``(first rank of the key)
+    << b | index`` (``b`` index bits) after a first sort of the keys, which sorts ties by
+    index. ``exact=False`` (the high-performance mode) packs the key's top ``32 - b`` bits
+    with the index instead and sorts once: scores that agree in those bits (for 5000 boxes
+    10 of the 23 mantissa bits, float16-like) are then ranked by index. Other inputs take
+    one stable multi-operand sort.
+    """
+    n = scores.shape[-1]
     ids = lax.broadcasted_iota(jnp.int32, scores.shape, scores.ndim - 1)
-    return lax.sort((~valid, -scores, ids), num_keys=2, is_stable=True)[2]
+    if scores.dtype != jnp.float32 or n > _MAX_FAST_ORDER:
+        return lax.sort((~valid, -scores, ids), num_keys=2, is_stable=True)[2]
+    index_bits = max(1, (n - 1).bit_length())
+    bits = lax.bitcast_convert_type(jnp.where(scores == 0, 0.0, scores), jnp.int32)
+    ascending = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)   # int order == float order
+    key = jnp.where(valid, ~ascending, jnp.iinfo(jnp.int32).max)   # descending, invalid last
+    if exact:
+        rank = jnp.vectorize(lambda s, k: jnp.searchsorted(s, k, side="left"),
+                             signature="(n),(n)->(n)")(lax.sort(key), key).astype(jnp.int32)
+    else:
+        rank = key >> index_bits  # arithmetic shift: keeps the order of the top bits
+    return lax.sort((rank << index_bits) | ids) & ((1 << index_bits) - 1)
 
 
 def sorted_nms(boxes: Boxes, scores: jax.Array, valid: jax.Array, iou_threshold: float,
-               max_output: int, *, groups: jax.Array | None = None, exact: bool = True
-               ) -> tuple[jax.Array, jax.Array]:
+               max_output: int, *, groups: jax.Array | None = None,
+               exact_ranking: bool = True) -> tuple[jax.Array, jax.Array]:
     """Single-problem NMS (``IoU > t``) in priority order.
 
     Args:
       boxes: decoded boxes, fields ``[N]``; scores, valid: ``[N]``.
-      iou_threshold, groups, exact: as for :func:`greedy_nms`.
+      iou_threshold, groups: as for :func:`greedy_nms`.
       max_output: most boxes kept (static).
+      exact_ranking: ``False`` ranks on the scores' leading bits (see
+        :func:`priority_order`).
 
     Returns:
       ``(order, keep)``: ``order`` (int32 ``[N]``) lists the boxes best first (see
       :func:`priority_order`); ``keep[r]`` whether the box of rank ``r`` is kept.
     """
-    order = priority_order(scores, valid)
+    order = priority_order(scores, valid, exact_ranking)
     keep, _ = greedy_nms(boxes.map(lambda f: f[order]), valid[order], iou_threshold,
-                         max_output, groups=None if groups is None else groups[order],
-                         exact=exact)
+                         max_output, groups=None if groups is None else groups[order])
     return order, keep
