@@ -3,9 +3,9 @@
 Plain sequential greedy NMS, vectorised per kept box, in the exact float arithmetic of
 :mod:`jaxops.ops.iou` (the same IEEE operations in the same order, so every keep/suppress
 decision — and hence every integer output — equals the ``xla`` kernel's). The host
-kernels always divide (``high_precision``); under ``high_performance`` they are at least
-as exact as the ``xla`` kernel, which may then differ within one float32 rounding of the
-threshold.
+kernels implement ``high_precision`` in every impl mode: they rank by exact scores, where
+the ``xla`` kernel's ``high_performance`` ranks on leading score bits and may then keep a
+different one of two overlapping, nearly tied boxes.
 """
 
 from __future__ import annotations
