@@ -96,3 +96,16 @@ def test_high_performance_mode_agrees_on_random_problems():
     got = jaxops.refresh(jaxops.non_max_suppression(boxes, scores, 20, 0.45,
                                                     impl_mode="high_performance"))
     chex.assert_trees_all_equal(got.astype(np.int64), want)
+
+
+@pytest.mark.parametrize("center_point_box", [0, 1])
+def test_many_boxes_over_several_tiles_match_onnxruntime(center_point_box):
+    rng = np.random.default_rng(5 + center_point_box)
+    boxes = random_boxes(rng, (2, 700), extent=40.0, flip=center_point_box == 0,
+                         center=center_point_box == 1)
+    scores = random_scores(rng, (2, 2, 700), levels=50)
+    want = run_ort(boxes, scores, 400, 0.5, 0.1, center_point_box)
+    got = jaxops.refresh(jaxops.non_max_suppression(boxes, scores, 400, 0.5, 0.1,
+                                                    center_point_box=center_point_box))
+    chex.assert_trees_all_equal(got.astype(np.int64), want)
+    assert len(want) > 2 * 128  # more than one tile kept per problem on average
