@@ -1,0 +1,31 @@
+"""Device-side embedding hash tables, faithful to CANN ops-nn's ``hash/`` operators.
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> table = ht.init_table(64, 4, initializer_mode="constant", constant_value=0.1)
+>>> table, rows, info = ht.lookup_or_insert(table, np.array([3, 5, 3], np.int64))
+>>> rows.shape, int(table.live), ht.to_host_int64(ht.join_words(table.keys))[table.flags > 0].size
+((3, 4), 2, 2)
+"""
+
+from jaxops.ops.hashtable.adamw import AdamWState, adam_w_init, apply_adam_w
+from jaxops.ops.hashtable.cann_bytes import (from_cann_bytes, handle_counters, row_bytes,
+                                             to_cann_bytes)
+from jaxops.ops.hashtable.checkpoint import CheckpointError, load, save
+from jaxops.ops.hashtable.create import init_table
+from jaxops.ops.hashtable.evict import evict
+from jaxops.ops.hashtable.export import export
+from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.import_ import ImportInfo, import_
+from jaxops.ops.hashtable.lookup import LookupInfo, find, locate, lookup, lookup_or_insert
+from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
+from jaxops.ops.hashtable.resize import resize
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
+                                        as_words, join_words, to_host_int64)
+
+__all__ = [
+    "EVICTED", "EXPORT", "FILTER", "VALID", "AdamWState", "CheckpointError", "HashTable",
+    "ImportInfo", "LookupInfo", "Words64", "adam_w_init", "apply_adam_w", "as_words", "evict",
+    "export", "find", "from_cann_bytes", "gather", "handle_counters", "home_slot", "import_",
+    "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
+    "murmur3_x86_32", "resize", "row_bytes", "save", "to_cann_bytes", "to_host_int64",
+]

@@ -1,0 +1,7 @@
+"""Embedding hash tables (CANN ops-nn ``hash/``); the public API is :mod:`jaxops.hashtable`.
+
+Importing this package registers the six CANN operators (see :mod:`.opdefs`) with their
+kernels, which live in the operation modules imported here.
+"""
+
+from jaxops.ops.hashtable import adamw, create, evict, export, import_, lookup  # noqa: F401

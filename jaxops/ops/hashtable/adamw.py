@@ -1,0 +1,124 @@
+"""In-table AdamW (CANN EmbeddingHashTableApplyAdamW).
+
+Only the rows of the given keys move (lazy / sparse AdamW): each gets decoupled weight
+decay ``w *= 1 - lr * wd`` and the bias-corrected Adam step, computed with the Ascend
+kernel's expressions. ``beta1_power`` / ``beta2_power`` are table-wide and advance once per
+call, so a row updated at every step follows ``optax.adamw`` exactly (up to rounding).
+
+>>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
+>>> t = ht.init_table(8, 2, initializer_mode="constant", constant_value=1.0)
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([5], np.int64))
+>>> state = ht.adam_w_init(t)
+>>> t, state = ht.apply_adam_w(t, state, np.array([5, -1], np.int64), jnp.ones((2, 2)),
+...                            lr=0.1, weight_decay=0.0)
+>>> round(float(ht.find(t, np.array([5], np.int64))[0][0, 0]), 4), int(state.skipped)
+(0.9, 1)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.batch import key_batch, live_slots, set_rows, slot_leader
+from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
+from jaxops.ops.hashtable.probe import take
+from jaxops.ops.hashtable.table import EMPTY_WORD, HashTable, Words64, as_words, check_table
+
+
+class AdamWState(NamedTuple):
+    """Optimizer state beside a table (CANN passes these as tensors).
+
+    Attributes:
+        m, v: float32 ``[bucket_size, dim]`` first and second moments, per slot.
+        max_v: float32 ``[bucket_size, dim]`` running max of ``v`` (amsgrad), else ``[0, dim]``.
+        beta1_power, beta2_power: float32 scalars, ``beta ** steps``.
+        skipped: int32, keys skipped so far (key -1, absent or evicted keys).
+    """
+
+    m: jax.Array
+    v: jax.Array
+    max_v: jax.Array
+    beta1_power: jax.Array
+    beta2_power: jax.Array
+    skipped: jax.Array
+
+
+def adam_w_init(table: HashTable, amsgrad: bool = False) -> AdamWState:
+    """Zero moments and unit beta powers for ``table``."""
+    table = check_table(APPLY_ADAM_W.name, table)
+    shape = table.values.shape
+    zeros = jnp.zeros(shape, jnp.float32)
+    one = jnp.ones((), jnp.float32)
+    return AdamWState(zeros, zeros, jnp.zeros(shape if amsgrad else (0, shape[1]), jnp.float32),
+                      one, one, jnp.zeros((), jnp.int32))
+
+
+def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
+                 weight_decay, beta1=0.9, beta2=0.999, epsilon=1e-8, amsgrad: bool = False,
+                 maximize: bool = False) -> tuple[HashTable, AdamWState]:
+    """One AdamW step on the rows of ``keys``.
+
+    Gradients of duplicate keys are summed first; keys equal to -1 (CANN's unused key),
+    absent keys and tombstones are skipped and counted in ``state.skipped``. The scalars may
+    be traced (schedules inside ``lax.scan``).
+
+    Args:
+        table: the table.
+        state: from :func:`adam_w_init` (with ``amsgrad`` matching).
+        keys: int64 keys ``[N]`` in any accepted form.
+        grads: float32 ``[N, embedding_dim]``.
+        lr, weight_decay, beta1, beta2, epsilon: AdamW hyper-parameters.
+        amsgrad: use the running max of ``v`` (PyTorch's AMSGrad, as CANN).
+        maximize: ascend instead of descend.
+
+    Returns:
+        ``(table, state)``.
+    """
+    op = APPLY_ADAM_W.name
+    table = check_table(op, table)
+    words = as_words(keys, op, "keys")
+    n = int(words.lo.size)
+    grads = jnp.asarray(grads, jnp.float32)
+    if grads.size != n * table.embedding_dim:
+        raise OpArgumentError(op, "grad", f"[{n}, {table.embedding_dim}] float32 (one row per "
+                              "key)", f"shape {tuple(grads.shape)}")
+    if amsgrad and state.max_v.shape[0] != table.bucket_size:
+        raise OpArgumentError(op, "state", "a state from adam_w_init(table, amsgrad=True)",
+                              "a state without max_v", "Create the state with amsgrad=True.")
+    flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
+    return APPLY_ADAM_W(table, state, flat, grads.reshape(n, table.embedding_dim), lr,
+                        weight_decay, beta1, beta2, epsilon, amsgrad=amsgrad, maximize=maximize)
+
+
+@APPLY_ADAM_W.kernel("xla")
+@functools.partial(jax.jit, static_argnames=("amsgrad", "maximize"))
+def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, lr, weight_decay,
+                   beta1, beta2, epsilon, *, amsgrad, maximize):
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    lr, wd, b1, b2, eps = map(f32, (lr, weight_decay, beta1, beta2, epsilon))
+    size, n = table.bucket_size, grads.shape[0]
+    batch = key_batch(APPLY_ADAM_W.name, words, size)
+    unused = (words.lo == EMPTY_WORD) & (words.hi == EMPTY_WORD)
+    slot = live_slots(table, batch, ~unused)
+    leader = slot_leader(slot, size)
+    lead = (slot >= 0) & (leader == jnp.arange(n))
+    g = jnp.zeros_like(grads).at[jnp.where(slot >= 0, leader, n)].add(grads, mode="drop")
+    g = -g if maximize else g
+    b1p, b2p = state.beta1_power * b1, state.beta2_power * b2
+    at = jnp.maximum(slot, 0)
+    # The Ascend kernel's expressions, term by term.
+    w = take(table.values, at) * (1 + (-lr * wd))
+    m = take(state.m, at) * b1 - (b1 + -1) * g
+    v = take(state.v, at) * b2 - (b2 + -1) * g * g
+    max_v = jnp.maximum(take(state.max_v, at), v) if amsgrad else v
+    denom = jnp.sqrt(-max_v / (b2p + -1)) + eps
+    w = w + (lr * m / (b1p + -1)) / denom
+    new_state = AdamWState(set_rows(state.m, slot, m, lead), set_rows(state.v, slot, v, lead),
+                           set_rows(state.max_v, slot, max_v, lead) if amsgrad else state.max_v,
+                           b1p, b2p, state.skipped + jnp.sum(slot < 0, dtype=jnp.int32))
+    return table.replace(values=set_rows(table.values, slot, w, lead)), new_state

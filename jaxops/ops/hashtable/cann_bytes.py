@@ -1,0 +1,106 @@
+"""Byte-exact interop with the Ascend kernels' bucket array and table handle.
+
+A bucket (row) is ``24 + round_up_8(4 * dim)`` bytes: key int64 LE at 0, counter uint64 at
+8, int32 "published" state at 16 (1 for a written key, 0 for an empty slot), the flag byte
+at 23 (bytes 20-22 zero), float32 values from 24, zero padding. Empty slots hold key -1,
+counter, state and flags 0, and the row a new key will get (InitEmbeddingHashTable writes
+the initial values into every bucket).
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(4, 3, initializer_mode="constant", constant_value=2.0)
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([7], np.int64))
+>>> buf = ht.to_cann_bytes(t)
+>>> buf.shape, handle_counters(t).tolist()
+((4, 40), [0, 0, 1, 0, 1])
+>>> back = ht.from_cann_bytes(buf, 3)
+>>> bool((ht.to_cann_bytes(back) == buf).all())
+True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
+                                        to_host_int64)
+
+_KNOWN_FLAGS = VALID | FILTER | EXPORT | EVICTED
+_CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in this byte
+
+
+def row_bytes(embedding_dim: int) -> int:
+    """Bytes per bucket: ``24 + round_up_8(4 * embedding_dim)``."""
+    return 24 + -(-4 * int(embedding_dim) // 8) * 8
+
+
+def to_cann_bytes(table: HashTable) -> np.ndarray:
+    """The table as the Ascend bucket array: uint8 ``[bucket_size, row_bytes(dim)]``."""
+    host = jax.device_get(table)
+    size, dim = host.values.shape
+    out = np.zeros((size, row_bytes(dim)), np.uint8)
+    flags = np.asarray(host.flags)
+    out[:, 0:8] = to_host_int64(Words64(host.key_lo, host.key_hi)).astype("<i8").view(np.uint8).reshape(size, 8)
+    out[:, 8:16] = to_host_int64(Words64(host.counter_lo, host.counter_hi), signed=False) \
+        .astype("<u8").view(np.uint8).reshape(size, 8)
+    out[:, 16:20] = ((flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
+    out[:, 23] = flags
+    out[:, 24:24 + 4 * dim] = np.asarray(host.values, "<f4").view(np.uint8).reshape(size, 4 * dim)
+    return out
+
+
+def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
+    """The exact inverse of :func:`to_cann_bytes` (a flat buffer is accepted too).
+
+    EVICTED is also read from byte 20, where CANN's lookup and evict kernels keep it. The
+    live / not-exported counts are recounted from the flags; ``dropped`` starts at 0.
+
+    Raises:
+        OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
+            disagrees with VALID, an empty slot that is not blank, or unknown flag bits.
+    """
+    op = "from_cann_bytes"
+    width = row_bytes(embedding_dim)
+    buf = np.asarray(buffer)
+    if buf.dtype != np.uint8 or buf.size % width or (buf.ndim == 2 and buf.shape[1] != width):
+        raise OpArgumentError(op, "buffer", f"uint8 rows of {width} bytes (embedding_dim "
+                              f"{embedding_dim})", f"{buf.dtype} of shape {buf.shape}")
+    rows = np.ascontiguousarray(buf.reshape(-1, width))
+    size = rows.shape[0]
+    keys = rows[:, 0:8].copy().view("<i8").reshape(size)
+    counters = rows[:, 8:16].copy().view("<u8").reshape(size)
+    state = rows[:, 16:20].copy().view("<i4").reshape(size)
+    flags = rows[:, 23] | (rows[:, _CANN_EVICTED_BYTE] & EVICTED)
+    stray = (rows[:, _CANN_EVICTED_BYTE] & ~np.uint8(EVICTED)) | rows[:, 21] | rows[:, 22]
+    problems = [
+        ("a state word of 0 or 1", ~np.isin(state, (0, 1))),
+        ("state 1 exactly where the VALID flag is set", (state == 1) != ((flags & VALID) != 0)),
+        ("empty slots with key -1, counter 0 and no flags",
+         (state == 0) & ((keys != -1) | (counters != 0) | (flags != 0))),
+        ("only the flag bits 0x1, 0x2, 0x4, 0x8 and zero bytes 20-22",
+         ((flags & ~np.uint8(_KNOWN_FLAGS)) != 0) | (stray != 0)),
+    ]
+    for expected, bad in problems:
+        if bad.any():
+            s = int(np.argmax(bad))
+            raise OpArgumentError(op, "buffer", expected, f"bucket {s}: key {keys[s]}, state "
+                                  f"{state[s]}, flags {int(flags[s]):#x}")
+    values = rows[:, 24:24 + 4 * embedding_dim].copy().view("<f4").reshape(size, embedding_dim)
+    key_words = keys.view(np.uint32).reshape(size, 2)
+    counter_words = counters.view(np.uint32).reshape(size, 2)
+    live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
+    return HashTable(jnp.asarray(key_words[:, 0]), jnp.asarray(key_words[:, 1]),
+                     jnp.asarray(counter_words[:, 0]), jnp.asarray(counter_words[:, 1]),
+                     jnp.asarray(flags), jnp.asarray(values),
+                     jnp.int32(live.sum()), jnp.int32((live & ((flags & EXPORT) == 0)).sum()),
+                     jnp.int32(0))
+
+
+def handle_counters(table: HashTable) -> np.ndarray:
+    """CANN's table-handle words as int64 ``[5]``: index 2 the live count, 4 the
+    not-yet-exported count (index 0 is the bucket array's device address there: 0 here)."""
+    out = np.zeros(5, np.int64)
+    out[2], out[4] = int(table.live), int(table.not_exported)
+    return out

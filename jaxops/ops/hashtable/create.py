@@ -1,0 +1,73 @@
+"""``init_table``: a new, empty table (CANN InitEmbeddingHashTable).
+
+>>> t = init_table(8, 4, initializer_mode="constant", constant_value=0.5)
+>>> t.bucket_size, t.embedding_dim, float(t.values[3, 1]), int(t.live)
+(8, 4, 0.5, 0)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.opdefs import INIT
+from jaxops.ops.hashtable.table import HashTable, check_bucket_size
+
+#: Rows drawn for ``initializer_mode="random"`` when only a PRNG ``key`` is given
+#: (Keras' default embedding initializer).
+RANDOM_RANGE = (-0.05, 0.05)
+
+
+def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = "random",
+               constant_value: float = 0.0, sampled_values: jax.Array | None = None,
+               key: jax.Array | None = None) -> HashTable:
+    """A table of ``bucket_size`` empty slots, each already holding the row a new key gets.
+
+    Args:
+        bucket_size: number of slots (static).
+        embedding_dim: floats per row (static).
+        initializer_mode: ``"random"``: the rows are ``sampled_values`` (CANN takes them from
+            outside), or uniform in ``RANDOM_RANGE`` drawn with the PRNG ``key``;
+            ``"constant"``: every value is ``constant_value``.
+        constant_value: the value of ``"constant"`` mode.
+        sampled_values: float32, ``bucket_size * embedding_dim`` values.
+        key: a PRNG key, used when ``sampled_values`` is not given.
+
+    Returns:
+        The new :class:`HashTable` (no keys, counters zero).
+    """
+    op = INIT.name
+    bucket_size = check_bucket_size(op, bucket_size)
+    if initializer_mode == "random" and sampled_values is None:
+        if key is None:
+            raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
+                                  "embedding_dim values, or key=<PRNG key>, in random mode",
+                                  "neither", "Pass initializer_mode='constant' for fixed rows.")
+        sampled_values = jax.random.uniform(key, (bucket_size, int(embedding_dim)), jnp.float32,
+                                            *RANDOM_RANGE)
+    if initializer_mode != "random":
+        sampled_values = None
+    (table,) = INIT(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
+                    initializer_mode=initializer_mode, constant_value=constant_value)
+    return table
+
+
+@INIT.kernel("xla")
+def _init_kernel(sampled_values, *, bucket_size, embedding_dim, initializer_mode, constant_value):
+    if initializer_mode == "constant":
+        return (_constant_table(bucket_size, embedding_dim, constant_value),)
+    want = bucket_size * embedding_dim
+    if int(np.prod(np.shape(sampled_values))) != want:
+        raise OpArgumentError(INIT.name, "sampled_values", f"{want} values (bucket_size * "
+                              "embedding_dim) in random mode", f"shape {np.shape(sampled_values)}")
+    return (HashTable.empty(bucket_size, embedding_dim, sampled_values),)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _constant_table(bucket_size, embedding_dim, constant_value):
+    return HashTable.empty(bucket_size, embedding_dim,
+                           jnp.full((bucket_size, embedding_dim), constant_value, jnp.float32))

@@ -1,0 +1,48 @@
+"""Reading rows by slot, differentiably: ``gather`` with a scatter-add VJP.
+
+>>> import jax, jax.numpy as jnp
+>>> values = jnp.arange(6.0).reshape(3, 2)
+>>> gather(values, jnp.array([2, -1, 2])).tolist()
+[[4.0, 5.0], [0.0, 0.0], [4.0, 5.0]]
+>>> jax.grad(lambda v: gather(v, jnp.array([2, -1, 2])).sum())(values).tolist()
+[[0.0, 0.0], [0.0, 0.0], [2.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxops.ops.hashtable.probe import take
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
+    """Rows ``values[slots]`` (shape ``slots.shape + (dim,)``); slot -1 gives ``default_value``.
+
+    The VJP w.r.t. ``values`` scatter-adds each row's cotangent into its slot (rows of slot
+    -1 send nothing), so ``jax.grad`` of a loss over looked-up rows reaches the table rows;
+    duplicate slots accumulate.
+    """
+    flat = slots.reshape(-1)
+    rows = take(values, jnp.maximum(flat, 0))
+    rows = jnp.where((flat >= 0)[:, None], rows, jnp.asarray(default_value, values.dtype))
+    return rows.reshape(*slots.shape, values.shape[-1])
+
+
+def _gather_fwd(values, slots, default_value):
+    return gather(values, slots, default_value), (slots, values)  # values: for shape/dtype
+
+
+def _gather_bwd(default_value, res, cotangent):
+    slots, values = res
+    shape, dtype = values.shape, values.dtype
+    flat = slots.reshape(-1)
+    where = jnp.where(flat >= 0, flat, shape[0])
+    grad = jnp.zeros(shape, dtype).at[where].add(cotangent.reshape(-1, shape[-1]), mode="drop")
+    return grad, None
+
+
+gather.defvjp(_gather_fwd, _gather_bwd)

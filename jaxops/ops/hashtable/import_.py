@@ -1,0 +1,107 @@
+"""``import_``: insert or overwrite entries (CANN EmbeddingHashTableImport).
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(8, 2, initializer_mode="constant")
+>>> t, info = ht.import_(t, np.array([4], np.int64), np.array([9], np.uint64),
+...                      np.array([1], np.uint8), np.ones((1, 2), np.float32))
+>>> int(t.live), int(t.not_exported), int(t.flags[info.slots[0]])
+(1, 0, 7)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.batch import (find_or_place, first_per_slot, key_batch, last_per_slot,
+                                        set_rows)
+from jaxops.ops.hashtable.opdefs import IMPORT
+from jaxops.ops.hashtable.probe import take
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
+                                        as_words, check_table)
+
+
+class ImportInfo(NamedTuple):
+    """What one ``import_`` did.
+
+    Attributes:
+        slots: int32 ``[N]``: where each entry went, -1 if it found no free slot.
+        inserted: int32: keys new to the table (a revived tombstone counts).
+        unplaced: int32: entries lost to a full table (also added to ``table.dropped``).
+    """
+
+    slots: jax.Array
+    inserted: jax.Array
+    unplaced: jax.Array
+
+
+def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, values: Any
+            ) -> tuple[HashTable, ImportInfo]:
+    """Inserts or overwrites entries, e.g. the output of :func:`export` (refreshed).
+
+    Each entry's slot gets its counter, its row and the flags VALID | EXPORT, plus FILTER
+    where its filter flag is non-zero (CANN ignores that input and ORs VALID | EXPORT into
+    the old flags; here the entry is overwritten, so a tombstone comes back live). A key
+    new to the table (or a revived tombstone) adds 1 to the live count; an existing key not
+    yet exported lowers the not-exported count. Duplicate keys: the last entry wins; new
+    keys take slots in order of first occurrence.
+
+    Args:
+        table: the table.
+        keys: int64 keys ``[N]`` in any accepted form.
+        counters: uint64 ``[N]`` (numpy uint64, JAX uint64 with x64, uint32, or Words64).
+        filter_flags: uint8-like ``[N]``.
+        values: float32 ``[N, embedding_dim]``.
+
+    Returns:
+        ``(table, info)`` — unlike CANN, which drops entries silently when the table is
+        full, the :class:`ImportInfo` says how many found no slot.
+    """
+    op = IMPORT.name
+    table = check_table(op, table)
+    words = as_words(keys, op, "keys")
+    count_words = as_words(counters, op, "counters")
+    n = int(np.prod(words.shape))
+    flags = jnp.asarray(filter_flags).reshape(-1)
+    rows = jnp.asarray(values, jnp.float32)
+    for arg, got in (("counters", int(np.prod(count_words.shape))), ("filter_flags", flags.size),
+                     ("values", rows.size // max(table.embedding_dim, 1))):
+        if got != n:
+            raise OpArgumentError(op, arg, f"{n} entries (one per key)", f"{got}")
+    if rows.size != n * table.embedding_dim:
+        raise OpArgumentError(op, "values", f"[{n}, {table.embedding_dim}] float32 rows",
+                              f"shape {tuple(rows.shape)}")
+    flat = lambda w: Words64(w.lo.reshape(-1), w.hi.reshape(-1))  # noqa: E731
+    return IMPORT(table, flat(words), flat(count_words), flags,
+                  rows.reshape(n, table.embedding_dim))
+
+
+@IMPORT.kernel("xla")
+@jax.jit
+def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values):
+    size = table.bucket_size
+    batch = key_batch(IMPORT.name, words, size)
+    slot = find_or_place(table, batch, jnp.ones(words.lo.shape[0], bool))
+
+    lead, last = first_per_slot(slot, size), last_per_slot(slot, size)
+    old = take(table.flags, jnp.maximum(slot, 0))
+    revived = (old & EVICTED) != 0
+    absent = (old & VALID) == 0
+    inserted = jnp.sum(lead & (absent | revived), dtype=jnp.int32)
+    first_export = jnp.sum(lead & ~absent & ~revived & ((old & EXPORT) == 0), dtype=jnp.int32)
+    unplaced = jnp.sum(slot < 0, dtype=jnp.int32)
+    flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER), jnp.uint8(VALID | EXPORT))
+    table = table.replace(
+        key_lo=set_rows(table.key_lo, slot, batch.words.lo, last),
+        key_hi=set_rows(table.key_hi, slot, batch.words.hi, last),
+        counter_lo=set_rows(table.counter_lo, slot, counters.lo, last),
+        counter_hi=set_rows(table.counter_hi, slot, counters.hi, last),
+        flags=set_rows(table.flags, slot, flags, last),
+        values=set_rows(table.values, slot, values, last),
+        live=table.live + inserted, not_exported=table.not_exported - first_export,
+        dropped=table.dropped + unplaced)
+    return table, ImportInfo(slot, inserted, unplaced)

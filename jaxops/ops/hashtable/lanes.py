@@ -1,0 +1,85 @@
+"""Data-parallel probing over a shrinking set of lanes.
+
+Every hash operation is "each key walks its probe sequence until something happens". Done
+naively inside one ``lax.while_loop`` each round costs the whole batch even when a handful
+of keys still walk. :func:`drain` runs the rounds in stages of static, shrinking capacity:
+when the active lanes fit the next stage they are compacted into it (with the shared
+:func:`~jaxops.ops.compaction.compact_indices`), so late rounds cost what is left.
+
+>>> import jax.numpy as jnp
+>>> def step(lanes, active, carry):   # count each lane's value down to zero
+...     v = jnp.where(active, lanes["v"] - 1, lanes["v"])
+...     return {**lanes, "v": v}, active & (v > 0), carry + jnp.sum(active)
+>>> rounds, stages = drain({"v": jnp.array([3, 1, 0, 2])}, jnp.array([True, True, False, True]),
+...                        step, jnp.int32(0))
+>>> int(rounds)
+6
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxops.ops.compaction import compact_indices
+
+Lanes = dict[str, jax.Array]
+Step = Callable[[Lanes, jax.Array, Any], tuple[Lanes, jax.Array, Any]]
+
+
+def capacities(n: int, shrink: int = 8, min_lanes: int = 512) -> list[int]:
+    """Static lane counts of the stages: ``n, n // shrink, ...`` down to ``min_lanes``."""
+    caps = [n]
+    while caps[-1] // shrink >= min_lanes:
+        caps.append(caps[-1] // shrink)
+    return caps
+
+
+def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 8,
+          min_lanes: int = 512) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
+    """Runs ``step(lanes, active, carry) -> (lanes, active, carry)`` until no lane is active.
+
+    ``lanes`` is a dict of arrays with one leading entry per lane. A lane never becomes
+    active again by itself, but ``step`` may hand it new work (``active`` stays True).
+
+    Returns:
+        ``(carry, stages)``: ``stages`` holds, per stage, the lanes as they were when the
+        stage ended and the mask of lanes that retired during it; a caller that keeps
+        per-lane results reads them there (the first stage's lanes are in input order).
+    """
+    caps = capacities(int(active.shape[0]), shrink, min_lanes)
+    stages = []
+    for k, cap in enumerate(caps):
+        nxt = caps[k + 1] if k + 1 < len(caps) else 0
+        entered = active
+
+        def more(state, nxt=nxt):
+            return jnp.sum(state[1], dtype=jnp.int32) > nxt
+
+        lanes, active, carry = jax.lax.while_loop(more, lambda s: step(*s), (lanes, active, carry))
+        stages.append((lanes, entered & ~active))
+        if nxt:
+            idx, _ = compact_indices(active, nxt)
+            pick = jnp.maximum(idx, 0)
+            lanes = {name: a[pick] for name, a in lanes.items()}
+            active = idx >= 0
+    return carry, stages
+
+
+def scatter_retired(result: jax.Array, stages: list[tuple[Lanes, jax.Array]], field: str,
+                    id_field: str = "id") -> jax.Array:
+    """Writes each retired lane's ``field`` into ``result`` at the lane's ``id_field``.
+
+    The first stage's lanes are still in input order, so it is a select, not a scatter.
+    """
+    for k, (lanes, retired) in enumerate(stages):
+        if k == 0:  # the first stage's lane k is input lane k
+            result = jnp.where(retired.reshape(retired.shape + (1,) * (result.ndim - 1)),
+                               lanes[field], result)
+        else:
+            where = jnp.where(retired, lanes[id_field], result.shape[0])
+            result = result.at[where].set(lanes[field], mode="drop")
+    return result

@@ -1,0 +1,240 @@
+"""Reading and inserting keys: ``find``, ``locate``, ``lookup`` and ``lookup_or_insert``.
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
+>>> t, rows, info = ht.lookup_or_insert(t, np.array([7, 9, 7], np.int64))
+>>> rows.shape, int(info.inserted), int(t.live)
+((3, 2), 2, 2)
+>>> rows, found = ht.find(t, np.array([9, 8], np.int64))
+>>> found.tolist()
+[True, False]
+
+**Batch order.** A batch behaves exactly like a loop over its keys in index order: new keys
+are inserted in the order of their first occurrence (that decides their slots when probe
+sequences meet and which keys miss out when the table fills up), every occurrence adds 1 to
+its key's counter, and with counter filtering occurrence ``r`` of a key (1-based) sees the
+counter ``before + r``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.batch import (count_per_slot, find_or_place, first_per_slot, key_batch,
+                                        live_slots, set_rows)
+from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
+from jaxops.ops.hashtable.probe import take
+from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
+                                        add_to_words, as_words, check_table)
+
+_NOBODY = np.int32(np.iinfo(np.int32).max)
+
+
+class LookupInfo(NamedTuple):
+    """What one ``lookup_or_insert`` did (a pytree of arrays).
+
+    Attributes:
+        slots: int32, keys' shape: the slot of each key, -1 where it got no slot (table
+            full) or was a filtered ``filter_key``.
+        admitted: bool, keys' shape: True where the real row was returned (False: the
+            ``default_value`` row, for filter_key, admission or a full table).
+        inserted: int32: keys newly inserted (a revived tombstone counts).
+        unplaced: int32: keys (occurrences) that found no free slot — lost to a full table.
+        not_admitted: int32: occurrences refused by counter filtering.
+        filtered: int32: occurrences equal to ``filter_key`` given ``default_value``.
+    """
+
+    slots: jax.Array
+    admitted: jax.Array
+    inserted: jax.Array
+    unplaced: jax.Array
+    not_admitted: jax.Array
+    filtered: jax.Array
+
+
+def locate(table: HashTable, keys: Any) -> jax.Array:
+    """The slot of each key (int32, keys' shape): -1 for absent and evicted keys.
+
+    Args:
+        table: the table.
+        keys: int64 keys — numpy int64, JAX int64 (x64), JAX int32/uint32, or ``Words64``.
+    """
+    table = check_table("locate", table)
+    batch = key_batch("locate", keys, table.bucket_size)
+    return _locate(table, batch).reshape(batch.shape)
+
+
+@jax.jit
+def _locate(table, batch):
+    return live_slots(table, batch)
+
+
+def lookup(table: HashTable, keys: Any) -> jax.Array:
+    """Rows of ``keys`` (zeros for absent keys), differentiable w.r.t. ``table.values``.
+
+    ``jax.grad(lambda v: loss(lookup(table.replace(values=v), keys)))(table.values)``
+    scatter-adds each row's gradient into its slot (see :func:`gather`).
+    """
+    return gather(table.values, locate(table, keys))
+
+
+def find(table: HashTable, keys: Any, *, default_value: float = 0.0
+         ) -> tuple[jax.Array, jax.Array]:
+    """``(values, found)`` for ``keys`` without changing the table.
+
+    Returns:
+        float32 ``keys.shape + (dim,)`` rows (``default_value`` where absent or evicted) and
+        bool ``keys.shape``.
+    """
+    slots = locate(table, keys)
+    return gather(table.values, slots, float(default_value)), slots >= 0
+
+
+def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filter",
+                     filter_freq: int = 0, default_key_or_value: bool = False,
+                     default_key: int = 0, default_value: float = 0.0,
+                     filter_key_flag: bool = False, filter_key: int = -1
+                     ) -> tuple[HashTable, jax.Array, LookupInfo]:
+    """Rows of ``keys``, inserting absent keys (CANN EmbeddingHashTableLookupOrInsert).
+
+    Every occurrence adds 1 to its key's counter. A new key takes the row already in its
+    slot (from :func:`init_table` or an eviction) and counts as an insert (live and
+    not-exported counts +1); so does a tombstone of the same key, which comes back as new
+    (EVICTED, EXPORT and FILTER cleared). See the module docstring for the batch order.
+
+    Args:
+        table: the table.
+        keys: int64 keys in any accepted form (any shape).
+        filter_mode: ``"no_filter"``, or ``"counter"``: admission, which CANN declares but
+            does not implement — an occurrence whose counter (this one included) is below
+            ``filter_freq`` gets ``default_value`` and the key no FILTER bit; from
+            ``filter_freq`` on FILTER is set and the real row returned. A key with FILTER
+            already set is admitted. With ``"no_filter"`` FILTER is never set (as CANN).
+        filter_freq: the admission threshold (``0 <= filter_freq < 2**31``).
+        default_key_or_value: with ``filter_key_flag``, replace ``filter_key`` by
+            ``default_key`` (True) instead of answering ``default_value`` (False).
+        default_key: the replacement key.
+        default_value: the value of rows not read from the table (filtered, not admitted,
+            table full).
+        filter_key_flag: whether ``filter_key`` is special.
+        filter_key: the special key.
+
+    Returns:
+        ``(table, values, info)``: the new table, float32 ``keys.shape + (dim,)`` rows
+        (differentiable w.r.t. ``table.values``) and a :class:`LookupInfo`. Keys that find
+        no free slot get ``default_value``, are counted in ``info.unplaced`` and in
+        ``table.dropped`` — never dropped silently.
+    """
+    op = LOOKUP_OR_INSERT.name
+    table = check_table(op, table)
+    if not 0 <= int(filter_freq) < 2**31:
+        raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
+    words = as_words(keys, op, "keys")
+    new_table, rows, info = LOOKUP_OR_INSERT(
+        table, words, filter_mode=filter_mode, filter_freq=filter_freq,
+        default_key_or_value=default_key_or_value, default_key=default_key,
+        default_value=default_value, filter_key_flag=filter_key_flag, filter_key=filter_key)
+    shape = words.shape
+    return (new_table, rows.reshape(*shape, table.embedding_dim),
+            info._replace(slots=info.slots.reshape(shape), admitted=info.admitted.reshape(shape)))
+
+
+def _const_words(value: int) -> tuple[np.uint32, np.uint32]:
+    pair = np.array([value], np.int64).view(np.uint32)
+    return pair[0], pair[1]
+
+
+@LOOKUP_OR_INSERT.kernel("xla")
+def _lookup_or_insert_kernel(table, words, **attrs):
+    flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
+    return _lookup_or_insert(table, flat, **attrs)
+
+
+@functools.partial(jax.jit, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
+                                             "default_key", "default_value", "filter_key_flag",
+                                             "filter_key"))
+def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_freq,
+                      default_key_or_value, default_key, default_value, filter_key_flag,
+                      filter_key):
+    size = table.bucket_size
+    n = words.lo.shape[0]
+    skip = jnp.zeros(n, bool)
+    if filter_key_flag:
+        f_lo, f_hi = _const_words(filter_key)
+        is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
+        if default_key_or_value:
+            d_lo, d_hi = _const_words(default_key)
+            words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
+                            jnp.where(is_filter_key, d_hi, words.hi))
+        else:
+            skip = is_filter_key
+    batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
+    valid = ~skip
+    slot = find_or_place(table, batch, valid)
+
+    # One writer per slot: the slot's first occurrence, carrying the slot's totals.
+    lead = first_per_slot(slot, size)
+    at = jnp.maximum(slot, 0)
+    old_flags = take(table.flags, at)
+    fresh = (old_flags & VALID) == 0
+    fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
+    before = Words64(take(table.counter_lo, at), take(table.counter_hi, at))
+    after = add_to_words(before, count_per_slot(slot, size))
+    flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
+    admitted = slot >= 0
+    not_admitted = jnp.zeros((), jnp.int32)
+    if filter_mode == "counter":
+        was_admitted = ((old_flags & FILTER) != 0) & ~fresh
+        refused = _refused_by_counter(slot, before, was_admitted, filter_freq, size)
+        admitted = admitted & ~refused
+        not_admitted = jnp.sum(refused, dtype=jnp.int32)
+        reached = (after.hi > 0) | (after.lo >= np.uint32(filter_freq))
+        flags = jnp.where(was_admitted | reached, flags | jnp.uint8(FILTER), flags)
+    inserted = jnp.sum(lead & fresh, dtype=jnp.int32)
+    unplaced = jnp.sum(valid & (slot < 0), dtype=jnp.int32)
+    new_table = table.replace(
+        key_lo=set_rows(table.key_lo, slot, batch.words.lo, lead),
+        key_hi=set_rows(table.key_hi, slot, batch.words.hi, lead),
+        counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
+        counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
+        flags=set_rows(table.flags, slot, flags, lead),
+        live=table.live + inserted, not_exported=table.not_exported + inserted,
+        dropped=table.dropped + unplaced)
+    rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
+    info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
+                      jnp.sum(skip, dtype=jnp.int32))
+    return new_table, rows, info
+
+
+def _refused_by_counter(slot, before: Words64, was_admitted, filter_freq: int, size: int):
+    """Occurrences whose counter, this occurrence included, stays below ``filter_freq``.
+
+    Occurrence ``r`` of a slot (1-based, batch order) is refused when ``before + r <
+    filter_freq``, i.e. the first ``need - 1`` occurrences with ``need = filter_freq -
+    before``. They are peeled off one round per rank (at most ``filter_freq - 1`` rounds,
+    and no more than the largest multiplicity) instead of sorting the batch.
+    """
+    n = slot.shape[0]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    low = (before.hi == 0) & (before.lo < np.uint32(filter_freq)) & ~was_admitted
+    need = jnp.where(low, np.int32(filter_freq) - before.lo.astype(jnp.int32), 0)
+
+    def peel(state):
+        rank, remaining, refused = state
+        where = jnp.where(remaining, slot, size)
+        best = jnp.full(size, _NOBODY).at[where].min(idx, mode="drop")
+        first = remaining & (take(best, jnp.maximum(slot, 0)) == idx)
+        refused = refused | (first & (rank < need))
+        return rank + 1, remaining & ~first & (rank + 1 < need), refused
+
+    start = (slot >= 0) & (need > 1)
+    _, _, refused = jax.lax.while_loop(lambda s: jnp.any(s[1]), peel,
+                                       (jnp.int32(1), start, jnp.zeros(n, bool)))
+    return refused

@@ -1,0 +1,195 @@
+"""The ``HashTable`` pytree and the 64-bit words it is made of.
+
+A table is ``bucket_size`` slots of open addressing, one key per slot (CANN's bucket array).
+Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a flag byte and
+``embedding_dim`` float32 values. 64-bit quantities are stored as two uint32 words
+``(lo, hi)`` so that every operation runs the same with ``jax_enable_x64`` off and on; they
+become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
+
+Flag bits (the byte CANN keeps at offset 23 of a bucket):
+
+- ``VALID`` (0x1): the slot holds a key (CANN's "published" state is 1).
+- ``FILTER`` (0x2): the key is admitted (counter filtering, or imported with flag 1).
+- ``EXPORT`` (0x4): the entry has been exported (or imported) at least once.
+- ``EVICTED`` (0x8): tombstone: the key stays, the slot is reusable only by the same key.
+
+>>> import jax.numpy as jnp
+>>> t = HashTable.empty(4, 2, jnp.zeros((4, 2)))
+>>> t.bucket_size, t.embedding_dim, int(t.live)
+(4, 2, 0)
+>>> words = as_words(jnp.array([-1, 7], jnp.int32), "Doc", "keys")
+>>> [int(w) for w in words.lo], [int(w) for w in words.hi]
+([4294967295, 7], [4294967295, 0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError, OpDTypeError
+
+VALID = 0x1
+FILTER = 0x2
+EXPORT = 0x4
+EVICTED = 0x8
+
+EMPTY_WORD = np.uint32(0xFFFFFFFF)  # both words of the empty key -1
+MAX_BUCKET_SIZE = 2**31 - 1  # slots are int32 indices
+
+
+class Words64(NamedTuple):
+    """A 64-bit integer array as its little-endian uint32 words (a pytree of two arrays)."""
+
+    lo: jax.Array
+    hi: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.lo.shape)
+
+
+def _x64() -> bool:
+    return bool(jax.config.jax_enable_x64)
+
+
+def _host_words(x: np.ndarray) -> Words64:
+    wide = x.astype(np.uint64 if x.dtype.kind == "u" else np.int64)
+    pairs = np.ascontiguousarray(wide).view(np.uint32).reshape(*wide.shape, 2)
+    return Words64(jnp.asarray(pairs[..., 0]), jnp.asarray(pairs[..., 1]))
+
+
+def as_words(x: Any, op: str, arg: str) -> Words64:
+    """64-bit integers in any accepted form → :class:`Words64` (uint32 JAX arrays).
+
+    Accepted: a ``Words64``; a numpy (or Python) integer array of any width, split on the
+    host so int64 survives with x64 off; a JAX int64/uint64 array (x64 on); a JAX
+    int8..int32 array (sign-extended) or uint8..uint32 array (zero-extended).
+    """
+    if isinstance(x, Words64):
+        return Words64(jnp.asarray(x.lo).astype(jnp.uint32), jnp.asarray(x.hi).astype(jnp.uint32))
+    if not isinstance(x, jax.Array):
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "iu":
+            raise OpDTypeError(op, arg, "an integer array (int64 keys; int32/uint32 JAX arrays)",
+                               str(arr.dtype))
+        return _host_words(arr)
+    dtype = np.dtype(x.dtype)
+    if dtype.kind not in "iu":
+        raise OpDTypeError(op, arg, "an integer array (int64 keys; int32/uint32 JAX arrays)",
+                           str(dtype))
+    if dtype.itemsize == 8:
+        return Words64((x & 0xFFFFFFFF).astype(jnp.uint32), (x >> 32).astype(jnp.uint32))
+    lo = x.astype(jnp.uint32)  # two's complement bits for signed inputs
+    if dtype.kind == "i":
+        return Words64(lo, jnp.where(x < 0, EMPTY_WORD, np.uint32(0)))
+    return Words64(lo, jnp.zeros_like(lo))
+
+
+def join_words(words: Words64, signed: bool = True) -> jax.Array:
+    """The JAX form of 64-bit words: int64 (uint64 if not ``signed``) with x64 on; with x64
+    off a uint32 array ``[..., 2]`` of ``(lo, hi)`` (see :func:`to_host_int64`)."""
+    if _x64():
+        dt = jnp.int64 if signed else jnp.uint64
+        return (words.hi.astype(dt) << 32) | words.lo.astype(dt)
+    return jnp.stack([words.lo, words.hi], axis=-1)
+
+
+def to_host_int64(x: Any, signed: bool = True) -> np.ndarray:
+    """Host numpy int64 (uint64 if not ``signed``) from :func:`join_words` output or Words64.
+
+    >>> to_host_int64(np.array([[4294967295, 4294967295], [5, 0]], np.uint32)).tolist()
+    [-1, 5]
+    """
+    dt = np.int64 if signed else np.uint64
+    if isinstance(x, Words64):
+        x = np.stack([np.asarray(x.lo), np.asarray(x.hi)], axis=-1)
+    arr = np.asarray(jax.device_get(x))
+    if arr.dtype == np.uint32 and arr.ndim and arr.shape[-1] == 2:
+        return np.ascontiguousarray(arr).view(dt)[..., 0]
+    return arr.astype(dt)
+
+
+def add_to_words(words: Words64, amount: jax.Array) -> Words64:
+    """``words + amount`` (amount: non-negative uint32-range integers) with carry."""
+    amount = jnp.asarray(amount).astype(jnp.uint32)
+    lo = words.lo + amount
+    return Words64(lo, words.hi + (lo < words.lo).astype(jnp.uint32))
+
+
+def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> int:
+    if isinstance(bucket_size, (bool, np.bool_)) or not isinstance(bucket_size, (int, np.integer)) \
+            or not 1 <= int(bucket_size) <= MAX_BUCKET_SIZE:
+        raise OpArgumentError(op, arg, f"an int in [1, {MAX_BUCKET_SIZE}]", repr(bucket_size))
+    return int(bucket_size)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HashTable:
+    """An embedding hash table (see the module docstring). Every field is data; the sizes
+    are the static shapes of the arrays.
+
+    Attributes:
+        key_lo, key_hi: uint32 ``[bucket_size]``, the key words (``-1`` = both 0xFFFFFFFF).
+        counter_lo, counter_hi: uint32 ``[bucket_size]``, the uint64 access counter.
+        flags: uint8 ``[bucket_size]``, VALID / FILTER / EXPORT / EVICTED bits.
+        values: float32 ``[bucket_size, embedding_dim]``.
+        live: int32 scalar, keys held and not evicted (CANN handle word 2).
+        not_exported: int32 scalar, live keys never exported (CANN handle word 4).
+        dropped: int32 scalar, insertions so far that found no free slot (not in CANN).
+    """
+
+    key_lo: jax.Array
+    key_hi: jax.Array
+    counter_lo: jax.Array
+    counter_hi: jax.Array
+    flags: jax.Array
+    values: jax.Array
+    live: jax.Array
+    not_exported: jax.Array
+    dropped: jax.Array
+
+    @property
+    def bucket_size(self) -> int:
+        return int(self.flags.shape[-1])
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.values.shape[-1])
+
+    @property
+    def keys(self) -> Words64:
+        return Words64(self.key_lo, self.key_hi)
+
+    @property
+    def counters(self) -> Words64:
+        return Words64(self.counter_lo, self.counter_hi)
+
+    def replace(self, **changes) -> "HashTable":
+        """A copy with some fields replaced (e.g. ``values`` to differentiate through)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def empty(cls, bucket_size: int, embedding_dim: int, values: jax.Array) -> "HashTable":
+        """A table with no keys whose slots hold ``values`` (the rows new keys start with)."""
+        full = jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)
+        zero = jnp.zeros((bucket_size,), jnp.uint32)
+        count = jnp.zeros((), jnp.int32)
+        byte = jnp.zeros((bucket_size,), jnp.uint8)
+        values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
+        return cls(full, full, zero, zero, byte, values, count, count, count)
+
+    def __repr__(self) -> str:
+        return f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim})"
+
+
+def check_table(op: str, table: Any, arg: str = "table") -> HashTable:
+    if not isinstance(table, HashTable):
+        raise OpArgumentError(op, arg, "a jaxops.hashtable.HashTable (from init_table)",
+                              type(table).__name__)
+    return table

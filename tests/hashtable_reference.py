@@ -1,0 +1,226 @@
+"""The sequential reference of the embedding hash table: plain Python, one key at a time.
+
+Same hash (a byte-level MurmurHash3 x86_32 written from the algorithm, checked against the
+published vectors), same linear probing, same slot layout as ``jaxops.hashtable``; every
+batch is a loop in index order. The JAX operations must reproduce it exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+VALID, FILTER, EXPORT, EVICTED = 0x1, 0x2, 0x4, 0x8
+_M32 = 0xFFFFFFFF
+
+
+def murmur3_32(data: bytes, seed: int = 0) -> int:
+    """MurmurHash3 x86_32 of any byte string (Austin Appleby's algorithm)."""
+    c1, c2 = 0xCC9E2D51, 0x1B873593
+
+    def scramble(k):
+        k = (k * c1) & _M32
+        k = ((k << 15) | (k >> 17)) & _M32
+        return (k * c2) & _M32
+
+    h = seed & _M32
+    nblocks = len(data) // 4
+    for i in range(nblocks):
+        h ^= scramble(struct.unpack_from("<I", data, 4 * i)[0])
+        h = ((h << 13) | (h >> 19)) & _M32
+        h = (h * 5 + 0xE6546B64) & _M32
+    tail = data[4 * nblocks:]
+    if tail:
+        h ^= scramble(int.from_bytes(tail, "little"))
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def key_hash(key: int) -> int:
+    return murmur3_32(struct.pack("<q", int(key)))
+
+
+class RefTable:
+    """A table as Python lists; every method mirrors one ``jaxops.hashtable`` operation."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = np.array(values, np.float32)
+        self.size, self.dim = self.values.shape
+        self.keys = [-1] * self.size
+        self.counters = [0] * self.size
+        self.flags = [0] * self.size
+        self.live = self.not_exported = self.dropped = 0
+
+    # -- probing --------------------------------------------------------------------------
+    def probe(self, key: int) -> tuple[str, int]:
+        """('hit', slot) / ('empty', first empty slot) / ('full', -1), at most size probes."""
+        home = key_hash(key) % self.size
+        for d in range(self.size):
+            s = (home + d) % self.size
+            if self.flags[s] == 0:
+                return "empty", s
+            if self.keys[s] == key:
+                return "hit", s
+        return "full", -1
+
+    def live_slot(self, key: int) -> int:
+        kind, s = self.probe(key)
+        return s if kind == "hit" and not self.flags[s] & EVICTED else -1
+
+    # -- operations -----------------------------------------------------------------------
+    def find(self, keys, default_value=0.0):
+        rows = np.full((len(keys), self.dim), default_value, np.float32)
+        found = np.zeros(len(keys), bool)
+        for i, k in enumerate(keys):
+            s = self.live_slot(int(k))
+            if s >= 0:
+                rows[i], found[i] = self.values[s], True
+        return rows, found
+
+    def lookup_or_insert(self, keys, filter_mode="no_filter", filter_freq=0,
+                         default_key_or_value=False, default_key=0, default_value=0.0,
+                         filter_key_flag=False, filter_key=-1):
+        n = len(keys)
+        rows = np.full((n, self.dim), default_value, np.float32)
+        info = {"slots": np.full(n, -1), "admitted": np.zeros(n, bool), "inserted": 0,
+                "unplaced": 0, "not_admitted": 0, "filtered": 0}
+        for i, k in enumerate(int(k) for k in keys):
+            if filter_key_flag and k == filter_key:
+                if not default_key_or_value:
+                    info["filtered"] += 1
+                    continue
+                k = default_key
+            kind, s = self.probe(k)
+            if kind == "full":
+                info["unplaced"] += 1
+                self.dropped += 1
+                continue
+            if kind == "empty" or self.flags[s] & EVICTED:
+                self.keys[s], self.flags[s] = k, VALID
+                info["inserted"] += 1
+                self.live += 1
+                self.not_exported += 1
+            self.counters[s] += 1
+            info["slots"][i] = s
+            if filter_mode == "counter":
+                if self.flags[s] & FILTER or self.counters[s] >= filter_freq:
+                    self.flags[s] |= FILTER
+                else:
+                    info["not_admitted"] += 1
+                    continue
+            rows[i] = self.values[s]
+            info["admitted"][i] = True
+        return rows, info
+
+    def export(self, export_mode="all", filtered_export_flag=False):
+        out = {"keys": [], "counters": [], "filter_flags": [], "values": []}
+        for s in range(self.size):
+            f = self.flags[s]
+            if not f & VALID or f & EVICTED or (export_mode == "new" and f & EXPORT) \
+                    or (filtered_export_flag and not f & FILTER):
+                continue
+            out["keys"].append(self.keys[s])
+            out["counters"].append(self.counters[s])
+            out["filter_flags"].append(1 if f & FILTER else 0)
+            out["values"].append(self.values[s].copy())
+            if not f & EXPORT:
+                self.flags[s] |= EXPORT
+                self.not_exported -= 1
+        return {"keys": np.array(out["keys"], np.int64),
+                "counters": np.array(out["counters"], np.uint64),
+                "filter_flags": np.array(out["filter_flags"], np.uint8),
+                "values": np.array(out["values"], np.float32).reshape(-1, self.dim)}
+
+    def import_(self, keys, counters, filter_flags, values):
+        info = {"inserted": 0, "unplaced": 0}
+        for i, k in enumerate(int(k) for k in keys):
+            kind, s = self.probe(k)
+            if kind == "full":
+                info["unplaced"] += 1
+                self.dropped += 1
+                continue
+            if kind == "empty":
+                self.keys[s] = k
+                self.live += 1
+                info["inserted"] += 1
+            elif self.flags[s] & EVICTED:
+                self.live += 1
+                info["inserted"] += 1
+            elif not self.flags[s] & EXPORT:
+                self.not_exported -= 1
+            self.counters[s] = int(counters[i])
+            self.flags[s] = VALID | EXPORT | (FILTER if filter_flags[i] else 0)
+            self.values[s] = values[i]
+        return info
+
+    def evict(self, keys, init_mode="constant", const_val=0.0, sampled_values=None):
+        for i, k in enumerate(int(k) for k in keys):
+            s = self.live_slot(k)
+            if s < 0:
+                continue
+            if not self.flags[s] & EXPORT:
+                self.not_exported -= 1
+            self.flags[s] |= EVICTED
+            self.counters[s] = 0
+            self.live -= 1
+            self.values[s] = const_val if init_mode == "constant" else sampled_values[i]
+
+    def resize(self, new_values: np.ndarray) -> "RefTable":
+        new = RefTable(new_values)
+        for s in range(self.size):
+            if not self.flags[s]:
+                continue
+            kind, t = new.probe(self.keys[s])
+            if kind != "empty":
+                new.dropped += 1
+                continue
+            new.keys[t], new.counters[t], new.flags[t] = self.keys[s], self.counters[s], self.flags[s]
+            new.values[t] = self.values[s]
+        new.live, new.not_exported = self.live, self.not_exported
+        new.dropped += self.dropped
+        return new
+
+    def snapshot(self) -> dict:
+        return {"keys": np.array(self.keys, np.int64), "counters": np.array(self.counters, np.uint64),
+                "flags": np.array(self.flags, np.uint8), "values": self.values.copy(),
+                "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped}
+
+
+class RefAdamW:
+    """CANN's in-table AdamW, sequential, in float32 (the formula of the Ascend kernel)."""
+
+    def __init__(self, table: RefTable, amsgrad: bool = False):
+        shape = table.values.shape
+        self.m, self.v, self.max_v = (np.zeros(shape, np.float32) for _ in range(3))
+        self.beta1_power = self.beta2_power = np.float32(1.0)
+        self.amsgrad, self.skipped = amsgrad, 0
+
+    def apply(self, table: RefTable, keys, grads, lr, weight_decay, beta1=0.9, beta2=0.999,
+              epsilon=1e-8, maximize=False):
+        f32 = np.float32
+        lr, wd, b1, b2, eps = (f32(x) for x in (lr, weight_decay, beta1, beta2, epsilon))
+        self.beta1_power = f32(self.beta1_power * b1)
+        self.beta2_power = f32(self.beta2_power * b2)
+        summed: dict[int, np.ndarray] = {}
+        for k, g in zip((int(k) for k in keys), np.asarray(grads, f32)):
+            s = -1 if k == -1 else table.live_slot(k)
+            if s < 0:
+                self.skipped += 1
+                continue
+            summed[s] = summed[s] + g if s in summed else g.copy()
+        for s, g in summed.items():  # the Ascend kernel's expressions, term by term
+            g = -g if maximize else g
+            w = table.values[s] * (f32(1) + (-lr * wd))
+            m = self.m[s] * b1 - (b1 + f32(-1)) * g
+            v = self.v[s] * b2 - (b2 + f32(-1)) * g * g
+            self.m[s], self.v[s] = m, v
+            if self.amsgrad:
+                self.max_v[s] = np.maximum(self.max_v[s], v)
+                v = self.max_v[s]
+            denom = np.sqrt(-v / (self.beta2_power + f32(-1))) + eps
+            table.values[s] = w + (lr * m / (self.beta1_power + f32(-1))) / denom
