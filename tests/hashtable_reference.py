@@ -224,3 +224,28 @@ class RefAdamW:
                 v = self.max_v[s]
             denom = np.sqrt(-v / (self.beta2_power + f32(-1))) + eps
             table.values[s] = w + (lr * m / (self.beta1_power + f32(-1))) / denom
+
+
+def table_snapshot(table) -> dict:
+    """A ``jaxops.hashtable.HashTable`` in the shape of :meth:`RefTable.snapshot`."""
+    from jaxops.hashtable import Words64, to_host_int64
+
+    return {"keys": to_host_int64(Words64(table.key_lo, table.key_hi)),
+            "counters": to_host_int64(Words64(table.counter_lo, table.counter_hi), signed=False),
+            "flags": np.asarray(table.flags), "values": np.asarray(table.values),
+            "live": int(table.live), "not_exported": int(table.not_exported),
+            "dropped": int(table.dropped)}
+
+
+def assert_same_table(table, ref: RefTable, rtol: float = 0.0) -> None:
+    """Every slot's key, counter, flags and row, and the three counts, agree exactly
+    (rows within ``rtol`` when float arithmetic such as AdamW has touched them)."""
+    import chex
+
+    got, want = table_snapshot(table), ref.snapshot()
+    got_values, want_values = got.pop("values"), want.pop("values")
+    chex.assert_trees_all_equal(got, want)
+    if rtol:
+        chex.assert_trees_all_close(got_values, want_values, rtol=rtol, atol=rtol)
+    else:
+        chex.assert_trees_all_equal(got_values, want_values)
