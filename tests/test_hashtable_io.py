@@ -1,0 +1,114 @@
+"""The CANN bucket layout, the handle counters and versioned, atomic checkpoints."""
+
+import os
+import struct
+
+import chex
+import numpy as np
+import pytest
+
+import jaxops.hashtable as ht
+from jaxops.errors import OpArgumentError
+from tests.hashtable_reference import table_snapshot
+
+
+def _table():
+    rng = np.random.default_rng(0)
+    t = ht.init_table(8, 3, sampled_values=rng.standard_normal((8, 3)).astype(np.float32))
+    t, _, _ = ht.lookup_or_insert(t, np.array([-2, 2**40 + 1, 5, 5], np.int64),
+                                  filter_mode="counter", filter_freq=2)
+    t = ht.evict(t, np.array([2**40 + 1], np.int64), const_val=0.5)
+    return t
+
+
+def test_bucket_bytes_by_hand():
+    t = _table()
+    buf = ht.to_cann_bytes(t)
+    assert buf.shape == (8, 24 + 16) and ht.row_bytes(3) == 40 and ht.row_bytes(2) == 32
+    for s in range(8):
+        row = buf[s]
+        key, counter, state = struct.unpack_from("<qQi", row.tobytes())
+        flags = int(t.flags[s])
+        assert state == (1 if flags & ht.VALID else 0)
+        assert row[23] == flags and not row[20:23].any() and not row[36:].any()
+        values = np.frombuffer(row[24:36].tobytes(), "<f4")
+        chex.assert_trees_all_equal(values, np.asarray(t.values[s]))
+        if not flags:
+            assert key == -1 and counter == 0
+    slot = int(ht.locate(t, np.array([5], np.int64))[0])
+    key, counter = struct.unpack_from("<qQ", buf[slot].tobytes())
+    assert key == 5 and counter == 2 and buf[slot, 23] == ht.VALID | ht.FILTER
+    assert ht.handle_counters(t).tolist() == [0, 0, 2, 0, 2]
+
+
+def test_from_cann_bytes_is_the_exact_inverse():
+    t = _table()
+    back = ht.from_cann_bytes(ht.to_cann_bytes(t), 3)
+    chex.assert_trees_all_equal(table_snapshot(back), table_snapshot(t))
+    flat = ht.from_cann_bytes(ht.to_cann_bytes(t).reshape(-1), 3)
+    chex.assert_trees_all_equal(table_snapshot(flat), table_snapshot(t))
+
+
+def test_from_cann_bytes_reads_cann_evicted_byte_20():
+    t = _table()
+    buf = ht.to_cann_bytes(t)
+    slot = int(ht.locate(t, np.array([-2], np.int64))[0])
+    buf[slot, 20] |= ht.EVICTED  # where CANN's evict kernel puts the bit
+    back = ht.from_cann_bytes(buf, 3)
+    assert int(back.flags[slot]) & ht.EVICTED and int(back.live) == 1
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda b: b.__setitem__((0, 16), 2), "state word"),
+    (lambda b: b.__setitem__((slice(None), 23), np.where(b[:, 16] == 1, 0, b[:, 23])), "VALID"),
+    (lambda b: b.__setitem__((np.argmin(b[:, 16]), 3), 0), "empty slots"),
+    (lambda b: b.__setitem__((np.argmax(b[:, 16]), 23), b[np.argmax(b[:, 16]), 23] | 0x40), "flag bits"),
+])
+def test_from_cann_bytes_rejects_inconsistent_buckets(corrupt, match):
+    buf = ht.to_cann_bytes(_table())
+    corrupt(buf)
+    with pytest.raises(OpArgumentError, match=match):
+        ht.from_cann_bytes(buf, 3)
+
+
+def test_from_cann_bytes_rejects_wrong_width():
+    with pytest.raises(OpArgumentError, match="rows of 40 bytes"):
+        ht.from_cann_bytes(np.zeros((4, 32), np.uint8), 3)
+
+
+def test_save_load_round_trip_and_atomicity(tmp_path, monkeypatch):
+    t = _table()
+    t, _, _ = ht.lookup_or_insert(t, np.arange(20, dtype=np.int64))  # overflows: dropped > 0
+    path = tmp_path / "t.jxht"
+    ht.save(t, path)
+    back = ht.load(path)
+    chex.assert_trees_all_equal(table_snapshot(back), table_snapshot(t))
+    assert int(back.dropped) > 0
+    assert os.listdir(tmp_path) == ["t.jxht"]  # no temporary left behind
+    before = path.read_bytes()
+
+    def crash(fd):
+        raise OSError("disk gone")  # a crash after the new bytes are written, before rename
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        ht.save(ht.init_table(4, 1, initializer_mode="constant"), path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["t.jxht"]
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: d[:10], "truncated"),
+    (lambda d: d[:30], "truncated inside the header"),
+    (lambda d: d[:-5], "truncated: payload"),
+    (lambda d: d + b"x", "trailing bytes"),
+    (lambda d: b"NOTATABL" + d[8:], "not a jaxops hash-table file"),
+    (lambda d: d[:8] + struct.pack("<I", 99) + d[12:], "format version 99"),
+    (lambda d: d[:-1] + bytes([d[-1] ^ 1]), "SHA-256"),
+    (lambda d: d[:16] + b"x" + d[17:], "corrupt header"),
+])
+def test_load_rejects_damaged_files(tmp_path, damage, match):
+    path = tmp_path / "t.jxht"
+    ht.save(_table(), path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ht.CheckpointError, match=match):
+        ht.load(path)
