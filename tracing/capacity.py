@@ -243,7 +243,7 @@ def report(stats: Iterable[CapacityStats] | CapacityStats | None = None, k: floa
 
 
 def plot(stats: CapacityStats, path: str, k: float = 3.0, capacity: int | None = None,
-         bins: int = 30) -> str:
+         bins: int | None = None) -> str:
     """Writes a PNG histogram of the sizes with the μ+kσ line and the chosen capacity.
 
     Needs matplotlib (``pip install 'jaxops[plot]'``); without it, raises ImportError saying so.
@@ -257,6 +257,9 @@ def plot(stats: CapacityStats, path: str, k: float = 3.0, capacity: int | None =
                           "(or pip install matplotlib)") from e
     capacity = recommend(stats, k=k) if capacity is None else capacity
     sigma_line = stats.mean + k * stats.std
+    if bins is None:  # one bar per size when the range is small, else 30 bins
+        lo, hi = stats.min, stats.max
+        bins = np.arange(lo, hi + 2) - 0.5 if hi - lo <= 100 else 30
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.hist(stats.sizes, bins=bins, color="#4c72b0", alpha=0.8, label=f"{stats.count} calls")
     ax.axvline(sigma_line, color="#dd8452", linestyle="--", label=f"μ+{k:g}σ = {sigma_line:.1f}")
