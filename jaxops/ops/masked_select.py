@@ -1,0 +1,148 @@
+"""MaskedSelect: the elements of ``x`` where ``mask`` is set, as a 1-D tensor (CANN / torch).
+
+>>> import jax, jax.numpy as jnp, jaxops
+>>> x = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+>>> jaxops.refresh(jaxops.masked_select(x, jnp.array([True, False]))).tolist()  # broadcast
+[1.0, 3.0]
+>>> g = jax.grad(lambda x: jaxops.masked_select(x, x > 2).valid_data().sum())(x)
+>>> g.tolist()
+[[0.0, 0.0], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.dtypes import DataType
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError
+from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.registry import Input, OpDef, Output, register_op
+from jaxops.ops.compaction import compact_map, gather_valid
+from jaxops.ops.nonzero import NONZERO_DTYPES, capacity_attr
+
+VALUE_FILL = 0
+
+
+def _broadcast_shape(x_shape, mask_shape) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(tuple(x_shape), tuple(mask_shape)))
+    except ValueError:
+        raise OpArgumentError("MaskedSelect", "mask", f"a shape that broadcasts with x's "
+                              f"{tuple(x_shape)}", tuple(mask_shape)) from None
+
+
+def _infer_shape(ctx) -> list[tuple[int, ...]]:
+    shape = _broadcast_shape(ctx.inputs[0].shape, ctx.inputs[1].shape)
+    return [(math.prod(shape) if ctx.attrs["size"] is None else ctx.attrs["size"],)]
+
+
+MASKED_SELECT = register_op(OpDef(
+    name="MaskedSelect",
+    inputs=[Input("x", NONZERO_DTYPES), Input("mask", {DataType.BOOL, DataType.UINT8},
+                                               doc="broadcasts with x; uint8: non-zero selects")],
+    outputs=[Output("y", NONZERO_DTYPES, doc="selected elements, row-major; padding 0")],
+    attrs=[capacity_attr("max number of selected elements; None: the broadcast size")],
+    infer_shape=_infer_shape,
+    impl_modes=OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE,
+    data_dependent=True,
+    fill_values=[VALUE_FILL],
+    doc="Elements of x where the (broadcast) mask is set, in row-major order.",
+))
+
+
+def _source_index(x_shape, shape):
+    """Maps flat positions in the broadcast ``shape`` to flat positions in ``x``."""
+    x_shape = (1,) * (len(shape) - len(x_shape)) + tuple(x_shape)
+    if x_shape == tuple(shape):
+        return lambda flat: (flat,)
+    strides = [math.prod(x_shape[k + 1:]) if x_shape[k] != 1 else 0 for k in range(len(shape))]
+
+    def source(flat):
+        src, rest = jnp.zeros_like(flat), flat
+        for k in range(len(shape) - 1, -1, -1):
+            src = src + (rest % shape[k]) * strides[k]
+            rest = rest // shape[k]
+        return (src,)
+    return source
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _gather_f32_accumulate(values, index, valid, n):
+    return jnp.where(valid, values[index], jnp.zeros((), values.dtype))
+
+
+def _gather_fwd(values, index, valid, n):
+    return _gather_f32_accumulate(values, index, valid, n), (index, valid)
+
+
+def _gather_bwd(n, res, ct):
+    index, valid = res
+    acc = jnp.zeros((n,), jnp.float32).at[index].add(jnp.where(valid, ct, 0).astype(jnp.float32))
+    return acc.astype(ct.dtype), None, None
+
+
+_gather_f32_accumulate.defvjp(_gather_fwd, _gather_bwd)
+
+
+def _masked_select(x, mask, *, size, f32_grad):
+    shape = _broadcast_shape(x.shape, mask.shape)
+    capacity = math.prod(shape) if size is None else size
+    full_mask = jnp.broadcast_to(mask != 0, shape)  # fused into the mask packing
+    (src,), count = compact_map(full_mask, capacity, _source_index(x.shape, shape), [0])
+    flat = x.reshape(-1)
+    if f32_grad and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 and flat.shape[0]:
+        valid = jnp.arange(capacity, dtype=jnp.int32) < count
+        y = _gather_f32_accumulate(flat, jnp.clip(src, 0, flat.shape[0] - 1), valid, flat.shape[0])
+    else:
+        y = gather_valid(flat, src, count, VALUE_FILL)
+    found = jnp.minimum(count, capacity)
+    return (DynArray(y, found[None], true_shape=None if size is None else count[None],
+                     fill_value=VALUE_FILL),)
+
+
+@MASKED_SELECT.kernel("xla", modes=OpImplMode.HIGH_PRECISION)
+def _masked_select_precise(x, mask, *, size):
+    return _masked_select(x, mask, size=size, f32_grad=True)
+
+
+@MASKED_SELECT.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)
+def _masked_select_fast(x, mask, *, size):
+    return _masked_select(x, mask, size=size, f32_grad=False)
+
+
+def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
+                  impl_mode: OpImplMode | str | None = None, backend: str | None = None) -> DynArray:
+    """Elements of ``x`` where ``mask`` is set, in row-major order (op "MaskedSelect").
+
+    Args:
+      x: array of any shape and numeric or bool dtype.
+      mask: bool (or uint8: non-zero selects) array that broadcasts with ``x``.
+      size: capacity (``jnp.nonzero``'s convention). ``None`` means the broadcast size and
+        cannot overflow; a smaller capacity keeps the first ``size`` elements and sets
+        ``true_shape`` so ``.overflowed()`` / ``.lost()`` report the cut inside ``jit``.
+      impl_mode: ``"high_precision"`` (default) or ``"high_performance"``. The forward
+        values are identical in both. They differ only in the gradient for float16 /
+        bfloat16 ``x`` broadcast against ``mask``, where several outputs come from one
+        element of ``x``: high precision sums their cotangents in float32 and rounds once,
+        high performance sums in ``x``'s dtype (rounding at each addition).
+      backend: kernel backend (default: ``xla``).
+
+    Returns:
+      A 1-D :class:`DynArray` of ``x``'s dtype, max shape ``[size]``, actual shape
+      ``[n selected]``; padding holds 0. Differentiable w.r.t. ``x``: the cotangent of each
+      selected element flows back to its position (summed over broadcast copies), padding
+      gets none.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> d = jaxops.masked_select(jnp.arange(6), jnp.arange(6) % 2 == 0, size=2)
+      >>> jaxops.refresh(d).tolist(), int(d.lost())
+      ([0, 2], 1)
+    """
+    return MASKED_SELECT(x, mask, size=size, impl_mode=impl_mode, backend=backend)[0]

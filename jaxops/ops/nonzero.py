@@ -1,0 +1,133 @@
+"""NonZero: the indices of the non-zero elements of a tensor (ONNX / CANN ``NonZero``).
+
+>>> import jax.numpy as jnp, jaxops
+>>> x = jnp.array([[0, 3], [5, 0]])
+>>> jaxops.refresh(jaxops.nonzero(x)).tolist()          # ONNX layout [rank, n]
+[[0, 1], [1, 0]]
+>>> jaxops.refresh(jaxops.argwhere(x)).tolist()         # CANN / torch layout [n, rank]
+[[0, 1], [1, 0]]
+>>> d = jaxops.flatnonzero(x, size=1)                   # capacity 1, two results
+>>> jaxops.refresh(d).tolist(), bool(d.overflowed()), int(d.lost())
+([1], True, 1)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxops.core.dtypes import ALL_NUMERIC, DataType
+from jaxops.core.dynarray import DynArray
+from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops.compaction import compact_map
+
+INDEX_FILL = -1
+#: Inputs NonZero accepts: bool, every integer and float dtype, complex.
+NONZERO_DTYPES = ALL_NUMERIC | {DataType.COMPLEX64, DataType.COMPLEX128}
+
+
+def index_dtype() -> jnp.dtype:
+    """int32 with ``jax_enable_x64`` off, int64 (ONNX's index dtype) with it on."""
+    return jax.dtypes.canonicalize_dtype(jnp.int64)
+
+
+def capacity_attr(doc: str) -> AttrDef:
+    """The ``size`` attribute every data-dependent operator here shares (jnp convention)."""
+    return AttrDef("size", "int", None, optional=True, check=lambda v: v >= 0,
+                   expected="an int >= 0 or None", doc=doc)
+
+
+def _index_shape(ctx) -> list[tuple[int, ...]]:
+    shape = ctx.inputs[0].shape
+    capacity = math.prod(shape) if ctx.attrs["size"] is None else ctx.attrs["size"]
+    rank = max(len(shape), 1)
+    return [(capacity, rank) if ctx.attrs["transpose"] else (rank, capacity)]
+
+
+NONZERO = register_op(OpDef(
+    name="NonZero",
+    inputs=[Input("x", NONZERO_DTYPES, doc="any shape; NaN counts as non-zero, -0.0 as zero")],
+    outputs=[Output("y", {DataType.INT32, DataType.INT64},
+                    doc="indices [rank, n] (transpose: [n, rank]); padding -1")],
+    attrs=[capacity_attr("max number of results; None: x.size"),
+           AttrDef("transpose", "bool", False, doc="[n, rank] layout (CANN, torch) instead of ONNX's")],
+    infer_shape=_index_shape,
+    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
+    data_dependent=True,
+    fill_values=[INDEX_FILL],
+    doc="Indices of the non-zero elements in row-major order (ONNX NonZero).",
+))
+
+
+@NONZERO.kernel("xla")
+def _nonzero_xla(x, *, size, transpose):
+    shape = x.shape or (1,)  # a scalar is a 1-element vector (as ONNX Runtime treats it)
+    capacity = math.prod(shape) if size is None else size
+
+    def coordinates(flat):  # row-major unravel, fused into the compaction loop
+        coords, rest = [], flat
+        for dim in reversed(shape[1:]):
+            coords.append(rest % dim)
+            rest = rest // dim
+        return [rest] + coords[::-1]
+
+    coords, count = compact_map(x != 0, capacity, coordinates, [INDEX_FILL] * len(shape))
+    data = jnp.stack(coords).astype(index_dtype())
+    found = jnp.minimum(count, capacity)
+    rank = len(shape)
+    actual, true = ([found, rank], [count, rank]) if transpose else ([rank, found], [rank, count])
+    return (DynArray(data.T if transpose else data, jnp.stack(actual),
+                     true_shape=None if size is None else jnp.stack(true), fill_value=INDEX_FILL),)
+
+
+def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
+            backend: str | None = None) -> DynArray:
+    """Indices of the non-zero elements of ``x``, in row-major order (op "NonZero").
+
+    Args:
+      x: array of any shape and a bool, integer, float or complex dtype. NaN counts as
+        non-zero and -0.0 as zero (as ``x != 0``). A 0-d ``x`` is read as a 1-element
+        vector, as ONNX Runtime does: the result has one index row.
+      size: capacity, the max number of results (``jnp.nonzero``'s ``size``). ``None``
+        means ``x.size``, which can never overflow. With a smaller capacity the first
+        ``size`` results are kept and the DynArray's ``true_shape`` holds the full count,
+        so ``.overflowed()`` and ``.lost()`` report the cut inside ``jit``.
+      transpose: ``False`` gives ONNX's layout ``[rank, n]``; ``True`` gives ``[n, rank]``
+        (CANN, ``torch.nonzero``, :func:`argwhere`).
+      backend: kernel backend (default: ``xla``).
+
+    Returns:
+      A :class:`DynArray` of max shape ``[rank, size]`` (or ``[size, rank]``), actual shape
+      ``[rank, n]``, dtype int32 (int64 with ``jax_enable_x64``, ONNX's dtype). Padding
+      entries hold -1.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> jaxops.refresh(jaxops.nonzero(jnp.array([0.0, jnp.nan, -0.0, 2.0]))).tolist()
+      [[1, 3]]
+    """
+    return NONZERO(x, size=size, transpose=transpose, backend=backend)[0]
+
+
+def argwhere(x: jax.Array, *, size: int | None = None, backend: str | None = None) -> DynArray:
+    """:func:`nonzero` in the ``[n, rank]`` layout (``np.argwhere``, CANN, torch).
+
+    >>> import jax.numpy as jnp, jaxops
+    >>> jaxops.refresh(jaxops.argwhere(jnp.array([[1, 0], [0, 1]]), size=3)).tolist()
+    [[0, 0], [1, 1]]
+    """
+    return nonzero(x, size=size, transpose=True, backend=backend)
+
+
+def flatnonzero(x: jax.Array, *, size: int | None = None, backend: str | None = None) -> DynArray:
+    """Flat (row-major) indices of the non-zero elements: a 1-D DynArray, padding -1.
+
+    >>> import jax.numpy as jnp, jaxops
+    >>> jaxops.refresh(jaxops.flatnonzero(jnp.array([[1, 0], [0, 1]]))).tolist()
+    [0, 3]
+    """
+    rows = nonzero(x.reshape(-1) if hasattr(x, "reshape") else x, size=size, backend=backend)
+    true = None if rows.true_shape is None else rows.true_shape[..., 1:]
+    return DynArray.tree_unflatten(rows.fill_value, (rows.data[..., 0, :], rows.actual_shape[..., 1:], true))

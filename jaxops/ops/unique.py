@@ -1,0 +1,291 @@
+"""Unique and UniqueConsecutive: distinct values (or slices) of a tensor (ONNX ``Unique``).
+
+>>> import jax.numpy as jnp, jaxops
+>>> y, idx, inv, cnt = jaxops.unique(jnp.array([2, 1, 1, 3, 2]), return_index=True,
+...                                  return_inverse=True, return_counts=True)
+>>> [a.tolist() for a in jaxops.refresh((y, idx, inv, cnt))]
+[[1, 2, 3], [1, 0, 3], [1, 0, 0, 2, 1], [2, 2, 1]]
+>>> jaxops.refresh(jaxops.unique(jnp.array([2, 1, 1, 3, 2]), sorted=False)).tolist()
+[2, 1, 3]
+>>> jaxops.refresh(jaxops.unique_consecutive(jnp.array([1, 1, 2, 2, 1]))).tolist()
+[1, 2, 1]
+
+Equality and order are those of :mod:`jaxops.ops.order_keys`: ``-0.0 == 0.0``, all NaNs
+are one value sorted after ``+inf`` (numpy's ``equal_nan=True``). A float unique value is
+returned as it appears at its first occurrence (so ``-0.0`` if that came first). ONNX
+Runtime's CPU Unique does not order NaN consistently; we do not follow it there.
+
+Algorithm (1-D): sort order-preserving integer keys (XLA's fast single-operand sort),
+mark group starts, compact them (:mod:`jaxops.ops.compaction`), look every element's key up
+among the unique keys (:func:`jaxops.ops.sorted_search.lower_bound`) for the inverse, and
+take the first occurrence of each group with a scatter-min. Parts a caller does not use are
+removed by XLA inside ``jit``. Slices (``axis``) are first ranked lexicographically, then
+the ranks go through the 1-D path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxops.core.dtypes import DataType, REAL
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError
+from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops.compaction import compact_indices, gather_valid
+from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
+from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
+from jaxops.ops.sorted_search import lower_bound
+
+VALUE_FILL = 0  # padding of y
+COUNT_FILL = 0  # padding of counts
+UNIQUE_DTYPES = REAL | {DataType.BOOL}
+_INDEX_TYPES = {DataType.INT32, DataType.INT64}
+
+
+def _axis(op: str, shape, axis):
+    if axis is None:
+        return None
+    if not -len(shape) <= axis < len(shape):
+        raise OpArgumentError(op, "axis", f"None or an int in [{-len(shape)}, {len(shape)})"
+                              f" for x of shape {tuple(shape)}", axis)
+    return axis % len(shape)
+
+
+def _max_shapes(op: str, shape, size, axis):
+    """(y max shape, unique capacity, length of the inverse) of a Unique-family op."""
+    axis = _axis(op, shape, axis)
+    n = math.prod(shape) if axis is None else shape[axis]
+    cap = n if size is None else size
+    y_shape = (cap,) if axis is None else tuple(shape[:axis]) + (cap,) + tuple(shape[axis + 1:])
+    return y_shape, cap, n
+
+
+def _unique_infer(ctx):
+    y, cap, n = _max_shapes("Unique", ctx.inputs[0].shape, ctx.attrs["size"], ctx.attrs["axis"])
+    return [y, (cap,), (n,), (cap,)]
+
+
+def _consecutive_infer(ctx):
+    y, cap, n = _max_shapes("UniqueConsecutive", ctx.inputs[0].shape, ctx.attrs["size"],
+                            ctx.attrs["axis"])
+    return [y, (n,), (cap,)]
+
+
+def _index_dtypes(k):
+    return lambda ctx: [ctx.inputs[0].dtype] + [DataType.from_dtype(index_dtype())] * k
+
+
+_AXIS = AttrDef("axis", "int", None, optional=True, doc="unique slices along this axis; None: flatten")
+
+UNIQUE = register_op(OpDef(
+    name="Unique",
+    inputs=[Input("x", UNIQUE_DTYPES)],
+    outputs=[Output("y", UNIQUE_DTYPES, doc="unique values / slices; padding 0"),
+             Output("indices", _INDEX_TYPES, doc="first occurrence of each; padding -1"),
+             Output("inverse_indices", _INDEX_TYPES, doc="unique id of every element (full length)"),
+             Output("counts", _INDEX_TYPES, doc="occurrences of each; padding 0")],
+    attrs=[capacity_attr("max number of unique values; None: all elements (or slices)"),
+           AttrDef("sorted", "bool", True, doc="ascending order; False: first-occurrence order"),
+           _AXIS],
+    infer_shape=_unique_infer,
+    infer_dtype=_index_dtypes(3),
+    data_dependent=True,
+    fill_values=[VALUE_FILL, INDEX_FILL, INDEX_FILL, COUNT_FILL],
+    doc="Unique values or slices with first indices, inverse indices and counts (ONNX Unique).",
+))
+
+UNIQUE_CONSECUTIVE = register_op(OpDef(
+    name="UniqueConsecutive",
+    inputs=[Input("x", UNIQUE_DTYPES)],
+    outputs=[Output("y", UNIQUE_DTYPES, doc="first value / slice of each run; padding 0"),
+             Output("inverse_indices", _INDEX_TYPES, doc="run id of every element (full length)"),
+             Output("counts", _INDEX_TYPES, doc="length of each run; padding 0")],
+    attrs=[capacity_attr("max number of runs; None: all elements (or slices)"), _AXIS],
+    infer_shape=_consecutive_infer,
+    infer_dtype=_index_dtypes(2),
+    data_dependent=True,
+    fill_values=[VALUE_FILL, INDEX_FILL, COUNT_FILL],
+    doc="Collapses runs of equal consecutive values or slices (torch.unique_consecutive).",
+))
+
+
+class _Items:
+    """The things being made unique: the flattened values, or the slices along ``axis``."""
+
+    def __init__(self, op, x, axis):
+        self.shape, self.dtype = x.shape, x.dtype
+        self.axis = _axis(op, x.shape, axis)
+        if self.axis is None:
+            self.rows = x.reshape(-1)
+        else:
+            moved = jnp.moveaxis(x, self.axis, 0)
+            self.rest = moved.shape[1:]
+            self.rows = moved.reshape(moved.shape[0], -1)
+        self.n = self.rows.shape[0]
+        self.keys = sortable_keys(self.rows)  # [n] or [n, slice size]
+
+    def take(self, positions, count, cap) -> DynArray:
+        """Items at ``positions`` (valid where slot < count) as the ``y`` DynArray."""
+        found = jnp.minimum(count, cap)
+        if self.axis is None:
+            data = gather_valid(self.rows, positions, count, VALUE_FILL)
+            return DynArray(data, found[None], true_shape=count[None], fill_value=VALUE_FILL)
+        valid = (jnp.arange(cap) < count)[:, None]
+        taken = self.rows[jnp.clip(positions, 0, max(self.n - 1, 0))] if self.n else \
+            jnp.zeros((cap, self.rows.shape[1]), self.dtype)
+        data = jnp.where(valid, taken, jnp.zeros((), self.dtype)).reshape((cap,) + self.rest)
+        dims = [jnp.asarray(d, jnp.int32) for d in self.shape]
+        actual, true = list(dims), list(dims)
+        actual[self.axis], true[self.axis] = found, count
+        return DynArray(jnp.moveaxis(data, 0, self.axis), jnp.stack(actual),
+                        true_shape=jnp.stack(true), fill_value=VALUE_FILL)
+
+
+def _lexicographic_ranks(keys: jax.Array) -> jax.Array:
+    """Dense rank of each row of ``keys`` ``[m, r]`` in lexicographic order (int32)."""
+    m, r = keys.shape
+    def by_column(i, perm):  # LSD: stable sorts from the last column to the first
+        column = lax.dynamic_index_in_dim(keys, r - 1 - i, axis=1, keepdims=False)[perm]
+        return lax.sort((column, perm), num_keys=1, is_stable=True)[1]
+    perm = lax.fori_loop(0, r, by_column, jnp.arange(m, dtype=jnp.int32))
+    group = jnp.cumsum(rows_differ_from_previous(keys[perm]), dtype=jnp.int32) - 1
+    return jnp.zeros((m,), jnp.int32).at[perm].set(group, unique_indices=True)
+
+
+def _fit(a: jax.Array, cap: int, fill) -> jax.Array:
+    """``a`` cut or padded (with ``fill``) to length ``cap``."""
+    if a.shape[0] >= cap:
+        return a[:cap]
+    return jnp.pad(a, (0, cap - a.shape[0]), constant_values=fill)
+
+
+def _index_dyn(data, count, cap, fill):
+    return DynArray(data.astype(index_dtype()), jnp.minimum(count, cap)[None],
+                    true_shape=count[None], fill_value=fill)
+
+
+@UNIQUE.kernel("xla")
+def _unique_xla(x, *, size, sorted, axis):
+    items = _Items("Unique", x, axis)
+    n = items.n
+    cap = n if size is None else size
+    keys = items.keys if items.axis is None else sortable_keys(_lexicographic_ranks(items.keys))
+    ordered = lax.sort(keys)
+    starts, n_unique = compact_indices(rows_differ_from_previous(ordered), n, fill_value=n)
+    counts = jnp.concatenate([starts[1:], jnp.full((1,), n, jnp.int32)])[:n] - starts
+    unique_keys = ordered[jnp.minimum(starts, max(n - 1, 0))]
+    group = lower_bound(unique_keys, n_unique, keys)  # sorted unique id of every element
+    position = jnp.arange(n, dtype=jnp.int32)
+    first = jnp.full((n,), n, jnp.int32).at[group].min(position)
+
+    if sorted:
+        rank_of_group, order = None, first
+    else:  # first-occurrence order: the first occurrences, ascending, are the new order
+        order, _ = compact_indices(first[group] == position, n, fill_value=n)
+        by_rank = group[jnp.minimum(order, max(n - 1, 0))]
+        rank_of_group = jnp.zeros((n,), jnp.int32).at[
+            jnp.where(order < n, by_rank, n)].set(position, mode="drop")
+        counts = counts[by_rank]
+
+    valid = jnp.arange(cap) < n_unique
+    order_cap = _fit(order, cap, n)
+    if sorted and items.axis is None and not jnp.issubdtype(x.dtype, jnp.floating):
+        y_values = values_from_keys(_fit(unique_keys, cap, 0), x.dtype)  # no gather needed
+        y = DynArray(jnp.where(valid, y_values, jnp.zeros((), x.dtype)),
+                     jnp.minimum(n_unique, cap)[None], true_shape=n_unique[None],
+                     fill_value=VALUE_FILL)
+    else:
+        y = items.take(order_cap, n_unique, cap)
+    uid = group if sorted else rank_of_group[group]
+    inverse = jnp.where(uid < cap, uid, INDEX_FILL).astype(index_dtype())
+    return (y,
+            _index_dyn(jnp.where(valid, order_cap, INDEX_FILL), n_unique, cap, INDEX_FILL),
+            inverse,
+            _index_dyn(jnp.where(valid, _fit(counts, cap, COUNT_FILL), COUNT_FILL), n_unique, cap,
+                       COUNT_FILL))
+
+
+@UNIQUE_CONSECUTIVE.kernel("xla")
+def _unique_consecutive_xla(x, *, size, axis):
+    items = _Items("UniqueConsecutive", x, axis)
+    n = items.n
+    cap = n if size is None else size
+    run_start = rows_differ_from_previous(items.keys)
+    starts, n_runs = compact_indices(run_start, cap + 1, fill_value=n)  # one more: run ends
+    counts = jnp.where(jnp.arange(cap) < n_runs, starts[1:] - starts[:-1], COUNT_FILL)
+    run = jnp.cumsum(run_start, dtype=jnp.int32) - 1
+    inverse = jnp.where(run < cap, run, INDEX_FILL).astype(index_dtype())
+    return (items.take(starts[:cap], n_runs, cap), inverse,
+            _index_dyn(counts, n_runs, cap, COUNT_FILL))
+
+
+def _returns(y, extras):
+    chosen = [v for want, v in extras if want]
+    return (y, *chosen) if chosen else y
+
+
+def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: int | None = None,
+           return_index: bool = False, return_inverse: bool = False, return_counts: bool = False,
+           backend: str | None = None):
+    """Unique values of ``x`` (or unique slices along ``axis``) (op "Unique", ONNX semantics).
+
+    Args:
+      x: array of a bool, integer or float dtype.
+      size: capacity, the max number of unique values (``jnp.unique``'s ``size``). ``None``
+        means the number of elements (slices) and cannot overflow. With a smaller capacity
+        the first ``size`` unique values (in output order) are kept; ``true_shape`` holds
+        the full number so ``.overflowed()`` / ``.lost()`` report the cut inside ``jit``.
+      sorted: ascending order (NaN last) if True, else the order of first occurrence.
+      axis: ``None`` flattens ``x``; an int selects unique slices ``x.take(i, axis)``,
+        compared element by element with the same equality rules, ordered
+        lexicographically.
+      return_index, return_inverse, return_counts: also return the first-occurrence index
+        of each unique value, the unique id of every element, the number of occurrences.
+      backend: kernel backend (default: ``xla``).
+
+    Returns:
+      ``y`` alone, or a tuple ``(y, [indices], [inverse], [counts])`` in numpy's order.
+      ``y`` is a DynArray of ``x``'s dtype: max shape ``[size]`` (with ``axis``: ``x``'s
+      shape with ``size`` on ``axis``), padding 0. ``indices`` (padding -1) and ``counts``
+      (padding 0) are 1-D DynArrays. ``inverse`` is a plain array of length ``x.size`` (or
+      ``x.shape[axis]``), as ONNX's ``inverse_indices``; entries whose unique value was cut
+      by the capacity hold -1. Index dtype: int32, or int64 (ONNX's) with
+      ``jax_enable_x64``.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> x = jnp.array([[1, 0], [1, 0], [0, 2]])
+      >>> jaxops.refresh(jaxops.unique(x, axis=0)).tolist()
+      [[0, 2], [1, 0]]
+      >>> y = jaxops.unique(jnp.array([3.0, jnp.nan, -0.0, 0.0, jnp.nan]))
+      >>> jaxops.refresh(y).tolist()
+      [-0.0, 3.0, nan]
+    """
+    y, indices, inverse, counts = UNIQUE(x, size=size, sorted=sorted, axis=axis, backend=backend)
+    return _returns(y, [(return_index, indices), (return_inverse, inverse), (return_counts, counts)])
+
+
+def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | None = None,
+                       return_inverse: bool = False, return_counts: bool = False,
+                       backend: str | None = None):
+    """Collapses runs of equal consecutive values (or slices along ``axis``).
+
+    Same equality rules, capacity contract and padding as :func:`unique`; the outputs are
+    ``torch.unique_consecutive``'s: ``y`` (first item of each run), ``inverse`` (run id of
+    every element, plain array, -1 where the run was cut) and ``counts`` (run lengths).
+
+    Returns:
+      ``y`` alone, or ``(y, [inverse], [counts])``.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxops
+      >>> y, c = jaxops.unique_consecutive(jnp.array([5, 5, 1, 5]), return_counts=True)
+      >>> jaxops.refresh(y).tolist(), jaxops.refresh(c).tolist()
+      ([5, 1, 5], [2, 1, 1])
+    """
+    y, inverse, counts = UNIQUE_CONSECUTIVE(x, size=size, axis=axis, backend=backend)
+    return _returns(y, [(return_inverse, inverse), (return_counts, counts)])
