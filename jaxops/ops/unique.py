@@ -15,10 +15,9 @@ are one value sorted after ``+inf`` (numpy's ``equal_nan=True``). A float unique
 returned as it appears at its first occurrence (so ``-0.0`` if that came first). ONNX
 Runtime's CPU Unique does not order NaN consistently; we do not follow it there.
 
-Algorithm (1-D): sort order-preserving integer keys (XLA's fast single-operand sort),
-mark group starts, compact them (:mod:`jaxops.ops.compaction`), look every element's key up
-among the unique keys (:func:`jaxops.ops.sorted_search.lower_bound`) for the inverse, and
-take the first occurrence of each group with a scatter-min. Parts a caller does not use are
+Algorithm (1-D): group order-preserving integer keys (:mod:`jaxops.ops.grouping`: a
+counting pass for a narrow key range, else XLA's fast single-operand sort plus a bucketed
+search), then take the first occurrence of each group with a scatter-min. Parts a caller does not use are
 removed by XLA inside ``jit``. Slices (``axis``) are first ranked lexicographically, then
 the ranks go through the 1-D path.
 """
@@ -36,9 +35,9 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices, gather_valid
+from jaxops.ops.grouping import group_keys
 from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
-from jaxops.ops.sorted_search import lower_bound
 
 VALUE_FILL = 0  # padding of y
 COUNT_FILL = 0  # padding of counts
@@ -174,11 +173,7 @@ def _unique_xla(x, *, size, sorted, axis):
     n = items.n
     cap = n if size is None else size
     keys = items.keys if items.axis is None else sortable_keys(_lexicographic_ranks(items.keys))
-    ordered = lax.sort(keys)
-    starts, n_unique = compact_indices(rows_differ_from_previous(ordered), n, fill_value=n)
-    counts = jnp.concatenate([starts[1:], jnp.full((1,), n, jnp.int32)])[:n] - starts
-    unique_keys = ordered[jnp.minimum(starts, max(n - 1, 0))]
-    group = lower_bound(unique_keys, n_unique, keys)  # sorted unique id of every element
+    unique_keys, n_unique, counts, group = group_keys(keys)  # group: sorted unique id
     position = jnp.arange(n, dtype=jnp.int32)
     first = jnp.full((n,), n, jnp.int32).at[group].min(position)
 

@@ -1,0 +1,76 @@
+"""Grouping equal keys: the core of Unique, by sorting or, for a narrow key range, counting.
+
+:func:`group_keys` takes order-preserving unsigned keys (:mod:`jaxops.ops.order_keys`) and
+returns the distinct keys in ascending order, how often each occurs, and the group id of
+every element. Two strategies give identical results and one is picked at run time:
+
+- **counting** when ``max - min < n`` (a narrow range, e.g. a million labels out of a
+  thousand classes): one histogram scatter over ``max - min + 1`` bins and a compaction of
+  the non-empty bins; no sort at all.
+- **sorting** otherwise: XLA's single-operand sort of the keys, a compaction of the group
+  starts, and a bucketed :func:`~jaxops.ops.sorted_search.lower_bound` of every key among
+  the distinct ones.
+
+Inputs of up to ``_COUNTING_MIN_N`` keys always sort (cheap there; one branch compiles
+faster).
+
+>>> import jax.numpy as jnp
+>>> g = group_keys(jnp.array([7, 3, 7, 7], jnp.uint32))
+>>> int(g.n_unique), g.unique_keys[:2].tolist(), g.counts[:2].tolist(), g.group.tolist()
+(2, [3, 7], [1, 3], [1, 0, 1, 1])
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxops.ops.compaction import compact_indices
+from jaxops.ops.order_keys import rows_differ_from_previous
+from jaxops.ops.sorted_search import lower_bound
+
+_COUNTING_MIN_N = 1 << 14
+
+
+class Groups(NamedTuple):
+    """Distinct keys of ``n`` keys; arrays of length ``n``, valid in the first ``n_unique``."""
+
+    unique_keys: jax.Array  # ascending; padding repeats the largest key
+    n_unique: jax.Array  # int32 scalar
+    counts: jax.Array  # int32 occurrences of each distinct key; padding 0
+    group: jax.Array  # int32 [n]: index of each element's key in unique_keys
+
+
+def group_keys(keys: jax.Array) -> Groups:
+    """Groups the 1-D unsigned ``keys`` (see the module docstring)."""
+    n = keys.shape[0]
+    if n <= _COUNTING_MIN_N:
+        return _by_sorting(keys)
+    low, high = jnp.min(keys), jnp.max(keys)
+    return lax.cond(high - low < n, _by_counting, lambda k, _: _by_sorting(k), keys, low)
+
+
+def _by_sorting(keys: jax.Array) -> Groups:
+    n = keys.shape[0]
+    ordered = lax.sort(keys)
+    starts, n_unique = compact_indices(rows_differ_from_previous(ordered), n, fill_value=n)
+    counts = jnp.concatenate([starts[1:], jnp.full((1,), n, jnp.int32)])[:n] - starts
+    unique_keys = ordered[jnp.minimum(starts, max(n - 1, 0))]
+    return Groups(unique_keys, n_unique, counts, lower_bound(unique_keys, n_unique, keys))
+
+
+def _by_counting(keys: jax.Array, low: jax.Array) -> Groups:
+    """Counting sort over the ``< n`` bins of the key range (requires ``max - min < n``)."""
+    n = keys.shape[0]
+    bin_of = (keys - low).astype(jnp.int32)
+    per_bin = jnp.zeros((n,), jnp.int32).at[bin_of].add(1, mode="promise_in_bounds")
+    bins, n_unique = compact_indices(per_bin > 0, n, fill_value=n - 1)
+    valid = jnp.arange(n) < n_unique
+    counts = jnp.where(valid, per_bin[bins], 0)
+    group_of_bin = jnp.zeros((n,), jnp.int32).at[jnp.where(valid, bins, n)].set(
+        jnp.arange(n, dtype=jnp.int32), mode="drop", indices_are_sorted=True)
+    unique_keys = jnp.where(valid, bins.astype(keys.dtype) + low, jnp.max(keys))
+    return Groups(unique_keys, n_unique, counts, group_of_bin[bin_of])
