@@ -1,0 +1,56 @@
+"""Produce and re-check golden reference cases for an Ascend kernel developer.
+
+For NonZero and for EmbeddingHashTableExport this writes a golden case (``.npz`` + JSON
+sidecar: inputs, outputs in wire layout, the OP_OUTSHAPE tensor as a CANN kernel writes it,
+attrs, impl mode; for the export also the table before/after in CANN bucket bytes), reads it
+back, prints what a kernel must reproduce, and re-checks it against a fresh computation.
+
+The same cases come from the command line: ``jaxops golden NonZero --seed 3``.
+
+    python examples/golden_data.py [out_dir]
+"""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from jaxops import golden
+from tracing import outshape
+
+
+def show(path: str) -> None:
+    case = golden.load_case(path)
+    print(f"{case['op']} (seed {case['seed']}, impl mode {case['impl_mode']['name']}): {path}")
+    for d in case["inputs"]:
+        print(f"  input  {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} {d['shape']}")
+    for d in case["outputs"]:
+        print(f"  output {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} "
+              f"max {d['max_shape']} actual {d.get('actual_shape')}")
+    words = case["arrays"]["outshape"]
+    print(f"  OP_OUTSHAPE {words.dtype} [{words.size}] rank words "
+          f"{[hex(int(w)) for w in words[::9]]} → shapes {outshape.decode(words)}")
+    for name in case["extra"]:
+        print(f"  extra  {name:16s} {case['arrays'][name].dtype} {list(case['arrays'][name].shape)}")
+
+
+def main(out_dir: str | None = None) -> dict:
+    out_dir = out_dir or tempfile.mkdtemp(prefix="jaxops_golden_")
+    paths = [golden.write_case("NonZero", seed=3, out=os.path.join(out_dir, "nonzero.npz")),
+             golden.write_case("EmbeddingHashTableExport", seed=3,
+                               out=os.path.join(out_dir, "export_new.npz"),
+                               attrs={"export_mode": "new"})]
+    for path in paths:
+        show(path)
+        print(f"  re-check against a fresh computation: {'OK' if golden.check_case(path) else 'FAILED'}")
+    nz = golden.load_case(paths[0])["arrays"]
+    expected = np.stack(np.nonzero(nz["input_x"]))            # numpy's answer, ONNX layout
+    n = expected.shape[1]
+    got = nz["output_y"].reshape(-1)[:expected.size].reshape(expected.shape)  # wire prefix
+    print(f"NonZero wire prefix equals numpy's nonzero ({n} indices): {np.array_equal(got, expected)}")
+    return {"paths": paths, "nonzero_matches_numpy": bool(np.array_equal(got, expected))}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
