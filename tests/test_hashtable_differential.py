@@ -105,7 +105,7 @@ def test_random_sequences_match_reference(seed):
 
 def test_random_sequence_with_x64():
     with jax.enable_x64(True):
-        _run_sequence(7, steps=60)
+        _run_sequence(7, steps=40)
 
 
 @pytest.mark.parametrize("size,load", [(8, 3.0), (64, 0.9)])

@@ -41,9 +41,8 @@ def live_slots(table: HashTable, batch: KeyBatch, active: jax.Array | None = Non
     """Slot of each key that is present and not evicted, -1 otherwise (int32 ``[N]``)."""
     n = batch.home.shape[0]
     active = jnp.ones(n, bool) if active is None else active
-    slot, _ = find_slots(table, batch.words, batch.home, active)
-    evicted = (take(table.flags, jnp.maximum(slot, 0)) & EVICTED) != 0
-    return jnp.where((slot >= 0) & ~evicted, slot, -1)
+    slot, _, flags = find_slots(table, batch.words, batch.home, active)
+    return jnp.where((flags & EVICTED) == 0, slot, -1)
 
 
 def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array) -> jax.Array:
@@ -53,7 +52,7 @@ def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array) -> jax.A
     Only slots are decided; writing the keys into them is the caller's job.
     """
     size, n = table.bucket_size, batch.home.shape[0]
-    found, dist = find_slots(table, batch.words, batch.home, active)
+    found, dist, _ = find_slots(table, batch.words, batch.home, active)
     new = active & (found < 0) & (dist < size)
     first = first_occurrences(batch.words, new)
     placed = place_new_keys(table.flags, batch.home, dist,

@@ -15,7 +15,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxops.ops.hashtable.probe import take
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -27,8 +26,8 @@ def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> j
     duplicate slots accumulate.
     """
     flat = slots.reshape(-1)
-    rows = take(values, jnp.maximum(flat, 0))
-    rows = jnp.where((flat >= 0)[:, None], rows, jnp.asarray(default_value, values.dtype))
+    outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
+    rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
     return rows.reshape(*slots.shape, values.shape[-1])
 
 

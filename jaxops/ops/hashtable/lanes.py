@@ -4,7 +4,7 @@ Every hash operation is "each key walks its probe sequence until something happe
 naively inside one ``lax.while_loop`` each round costs the whole batch even when a handful
 of keys still walk. :func:`drain` runs the rounds in stages of static, shrinking capacity:
 when the active lanes fit the next stage they are compacted into it (with the shared
-:func:`~jaxops.ops.compaction.compact_indices`), so late rounds cost what is left.
+:func:`~jaxops.ops.compaction.compact_map`), so late rounds cost what is left.
 
 >>> import jax.numpy as jnp
 >>> def step(lanes, active, carry):   # count each lane's value down to zero
@@ -24,13 +24,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxops.ops.compaction import compact_indices
+from jaxops.ops.compaction import compact_map
 
 Lanes = dict[str, jax.Array]
 Step = Callable[[Lanes, jax.Array, Any], tuple[Lanes, jax.Array, Any]]
 
 
-def capacities(n: int, shrink: int = 8, min_lanes: int = 512) -> list[int]:
+def capacities(n: int, shrink: int = 4, min_lanes: int = 512) -> list[int]:
     """Static lane counts of the stages: ``n, n // shrink, ...`` down to ``min_lanes``."""
     caps = [n]
     while caps[-1] // shrink >= min_lanes:
@@ -38,7 +38,7 @@ def capacities(n: int, shrink: int = 8, min_lanes: int = 512) -> list[int]:
     return caps
 
 
-def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 8,
+def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 4,
           min_lanes: int = 512) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
     """Runs ``step(lanes, active, carry) -> (lanes, active, carry)`` until no lane is active.
 
@@ -62,10 +62,11 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
         lanes, active, carry = jax.lax.while_loop(more, lambda s: step(*s), (lanes, active, carry))
         stages.append((lanes, entered & ~active))
         if nxt:
-            idx, _ = compact_indices(active, nxt)
-            pick = jnp.maximum(idx, 0)
-            lanes = {name: a[pick] for name, a in lanes.items()}
-            active = idx >= 0
+            names = list(lanes)
+            moved, count = compact_map(active, nxt, lambda i: tuple(lanes[k][i] for k in names),
+                                       [0] * len(names))
+            lanes = dict(zip(names, moved))
+            active = jnp.arange(nxt) < count
     return carry, stages
 
 

@@ -48,31 +48,32 @@ def probe_slot(home: jax.Array, dist: jax.Array, bucket_size: int) -> jax.Array:
 
 
 def find_slots(table: HashTable, words: Words64, home: jax.Array, active: jax.Array
-               ) -> tuple[jax.Array, jax.Array]:
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Walks each active key from ``home`` to its key or the first empty slot.
 
     Returns:
-        ``(slot, dist)``, int32 ``[N]``: ``slot`` holds the key (tombstones included) or is
-        -1; ``dist`` is the number of slots passed before the walk stopped, ``bucket_size``
-        when it passed them all (the key is absent and the table has no empty slot).
+        ``(slot, dist, flags)``: int32 ``[N]`` ``slot`` holds the key (tombstones included)
+        or is -1; int32 ``dist`` is the number of slots passed before the walk stopped,
+        ``bucket_size`` when it passed them all (the key is absent and the table has no
+        empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1).
     """
     n, size = home.shape[0], table.bucket_size
 
     def step(lanes, active, carry):
         pos = probe_slot(lanes["home"], lanes["dist"], size)
-        empty = take(table.flags, pos) == 0
-        hit = active & ~empty & (take(table.key_lo, pos) == lanes["lo"]) \
+        flags = take(table.flags, pos)
+        hit = active & (flags != 0) & (take(table.key_lo, pos) == lanes["lo"]) \
             & (take(table.key_hi, pos) == lanes["hi"])
-        go = active & ~empty & ~hit
+        go = active & (flags != 0) & ~hit
         dist = jnp.where(go, lanes["dist"] + 1, lanes["dist"])
-        slot = jnp.where(hit, pos, lanes["slot"])
-        return {**lanes, "dist": dist, "slot": slot}, go & (dist < size), carry
+        return ({**lanes, "dist": dist, "slot": jnp.where(hit, pos, lanes["slot"]),
+                 "flags": jnp.where(hit, flags, lanes["flags"])}, go & (dist < size), carry)
 
     lanes = {"id": jnp.arange(n, dtype=jnp.int32), "lo": words.lo, "hi": words.hi, "home": home,
-             "dist": jnp.zeros(n, jnp.int32), "slot": jnp.full(n, -1, jnp.int32)}
+             "dist": jnp.zeros(n, jnp.int32), "slot": jnp.full(n, -1, jnp.int32),
+             "flags": jnp.zeros(n, jnp.uint8)}
     _, stages = drain(lanes, active, step, None)
-    return (scatter_retired(lanes["slot"], stages, "slot"),
-            scatter_retired(lanes["dist"], stages, "dist"))
+    return tuple(scatter_retired(lanes[f], stages, f) for f in ("slot", "dist", "flags"))
 
 
 def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
