@@ -13,7 +13,7 @@ Deterministic for a given seed.
 >>> path = write_case("NonZero", seed=0, out=os.path.join(tempfile.mkdtemp(), "nz.npz"))
 >>> case = load_case(path)
 >>> case["op"], sorted(case["arrays"])[:3]
-('NonZero', ['input_x', 'outshape', 'output_y'])
+('NonZero', ['input_x', 'output_y', 'outshape'])
 >>> check_case(path)   # recompute with jaxops and compare everything
 True
 """
