@@ -43,7 +43,8 @@ def run(quick: bool = False) -> list[Result]:
 
     find = jax.jit(lambda t, k: ht.find(t, k)[0])
     present = _words(rng.permutation(keys))
-    half = _words(np.concatenate([rng.choice(keys, batch // 2, replace=False), absent[:batch // 2]]))
+    half = _words(np.concatenate([rng.choice(keys, batch // 2, replace=False),
+                                  absent[:batch // 2]]))
     dense = jnp.asarray(init)
     rows = jnp.asarray(rng.integers(0, size, batch).astype(np.int32))
     take = jax.jit(lambda d, i: jnp.take(d, i, axis=0))
@@ -62,7 +63,8 @@ def run(quick: bool = False) -> list[Result]:
     new_keys = _words(keys)
     ins = compare(f"lookup_or_insert {n} new keys", lambda: insert(empty, new_keys),
                   f"find {n} present keys", lambda: find(table, present), repeats=repeats)
-    ins.note = f"{batch / ins.ours_s / 1e6:.2f} M keys/s (find: {batch / ins.peer_s / 1e6:.2f} M keys/s)"
+    ins.note = (f"{batch / ins.ours_s / 1e6:.2f} M keys/s "
+                f"(find: {batch / ins.peer_s / 1e6:.2f} M keys/s)")
     results.append(ins)
 
     export = jax.jit(lambda t: ht.export(t))

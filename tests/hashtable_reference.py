@@ -179,14 +179,26 @@ class RefTable:
             if kind != "empty":
                 new.dropped += 1
                 continue
-            new.keys[t], new.counters[t], new.flags[t] = self.keys[s], self.counters[s], self.flags[s]
+            new.keys[t], new.counters[t] = self.keys[s], self.counters[s]
+            new.flags[t] = self.flags[s]
             new.values[t] = self.values[s]
         new.live, new.not_exported = self.live, self.not_exported
         new.dropped += self.dropped
         return new
 
+    @classmethod
+    def from_table(cls, table) -> "RefTable":
+        """A reference holding the same slots and counts as a ``HashTable``."""
+        snap = table_snapshot(table)
+        ref = cls(snap["values"])
+        ref.keys, ref.counters = snap["keys"].tolist(), [int(c) for c in snap["counters"]]
+        ref.flags = snap["flags"].tolist()
+        ref.live, ref.not_exported, ref.dropped = snap["live"], snap["not_exported"], snap["dropped"]
+        return ref
+
     def snapshot(self) -> dict:
-        return {"keys": np.array(self.keys, np.int64), "counters": np.array(self.counters, np.uint64),
+        return {"keys": np.array(self.keys, np.int64),
+                "counters": np.array(self.counters, np.uint64),
                 "flags": np.array(self.flags, np.uint8), "values": self.values.copy(),
                 "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped}
 

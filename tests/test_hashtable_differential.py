@@ -8,7 +8,6 @@ counts must equal the reference's; every returned value is compared too.
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -26,12 +26,8 @@ def _export(tables, **attrs):
 
 
 def _export_reference(tables, **attrs):
-    table = tables[0]
-    ref = RefTable(np.asarray(table.values))
-    snap = ht.to_host_int64(ht.Words64(table.key_lo, table.key_hi))
-    ref.keys, ref.flags = snap.tolist(), np.asarray(table.flags).tolist()
-    ref.counters = ht.to_host_int64(ht.Words64(table.counter_lo, table.counter_hi), signed=False).tolist()
-    out = ref.export(attrs.get("export_mode", "all"), attrs.get("filtered_export_flag", False))
+    out = RefTable.from_table(tables[0]).export(attrs.get("export_mode", "all"),
+                                                attrs.get("filtered_export_flag", False))
     wide = lambda a: np.ascontiguousarray(a).view(np.uint32).reshape(-1, 2)  # noqa: E731 x64 off
     return [wide(out["keys"]), wide(out["counters"]), out["filter_flags"], out["values"]]
 

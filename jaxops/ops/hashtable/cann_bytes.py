@@ -42,9 +42,10 @@ def to_cann_bytes(table: HashTable) -> np.ndarray:
     size, dim = host.values.shape
     out = np.zeros((size, row_bytes(dim)), np.uint8)
     flags = np.asarray(host.flags)
-    out[:, 0:8] = to_host_int64(Words64(host.key_lo, host.key_hi)).astype("<i8").view(np.uint8).reshape(size, 8)
-    out[:, 8:16] = to_host_int64(Words64(host.counter_lo, host.counter_hi), signed=False) \
-        .astype("<u8").view(np.uint8).reshape(size, 8)
+    keys = to_host_int64(Words64(host.key_lo, host.key_hi)).astype("<i8")
+    counters = to_host_int64(Words64(host.counter_lo, host.counter_hi), signed=False).astype("<u8")
+    out[:, 0:8] = keys.view(np.uint8).reshape(size, 8)
+    out[:, 8:16] = counters.view(np.uint8).reshape(size, 8)
     out[:, 16:20] = ((flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
     out[:, 23] = flags
     out[:, 24:24 + 4 * dim] = np.asarray(host.values, "<f4").view(np.uint8).reshape(size, 4 * dim)

@@ -99,13 +99,15 @@ def load(path: str | os.PathLike) -> HashTable:
     payload = data[end:]
     if len(payload) != want:
         kind = "truncated" if len(payload) < want else "has trailing bytes"
-        raise CheckpointError(f"{where}: {kind}: payload of {len(payload)} bytes, header says {want}")
+        raise CheckpointError(f"{where}: {kind}: payload of {len(payload)} bytes, header says "
+                              f"{want}")
     if want != size * row_bytes(dim):
         raise CheckpointError(f"{where}: corrupt header: {want} payload bytes for {size} "
                               f"buckets of dim {dim}")
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise CheckpointError(f"{where}: corrupt: the payload's SHA-256 does not match the header")
     table = from_cann_bytes(np.frombuffer(payload, np.uint8).reshape(size, -1), dim)
-    if (int(table.live), int(table.not_exported)) != (header.get("live"), header.get("not_exported")):
+    counts = (int(table.live), int(table.not_exported))
+    if counts != (header.get("live"), header.get("not_exported")):
         raise CheckpointError(f"{where}: corrupt: counts in the header disagree with the flags")
     return table.replace(dropped=jnp.int32(header.get("dropped", 0)))

@@ -94,7 +94,8 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
     inserted = jnp.sum(lead & (absent | revived), dtype=jnp.int32)
     first_export = jnp.sum(lead & ~absent & ~revived & ((old & EXPORT) == 0), dtype=jnp.int32)
     unplaced = jnp.sum(slot < 0, dtype=jnp.int32)
-    flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER), jnp.uint8(VALID | EXPORT))
+    flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER),
+                      jnp.uint8(VALID | EXPORT))
     table = table.replace(
         key_lo=set_rows(table.key_lo, slot, batch.words.lo, last),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, last),

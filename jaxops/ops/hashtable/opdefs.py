@@ -49,8 +49,9 @@ LOOKUP_OR_INSERT = register_op(OpDef(
 def _export_shapes(ctx) -> list[tuple[int, ...]]:
     tables = ctx.inputs[0]
     wide = () if jax.config.jax_enable_x64 else (2,)
-    return ([(t.bucket_size, *wide) for t in tables] + [(t.bucket_size, *wide) for t in tables]
-            + [(t.bucket_size,) for t in tables] + [(t.bucket_size, t.embedding_dim) for t in tables])
+    words = [(t.bucket_size, *wide) for t in tables]
+    return (words + words + [(t.bucket_size,) for t in tables]
+            + [(t.bucket_size, t.embedding_dim) for t in tables])
 
 
 def _export_dtypes(ctx) -> list[DataType]:

@@ -94,7 +94,8 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
         scratch = jnp.full(scratch_size, _NOBODY).at[jnp.where(active, pos, scratch_size)].min(
             lanes["id"], mode="drop")
         owner = jnp.minimum(take(scratch, pos), n - 1)  # inactive lanes may read _NOBODY
-        same = active & (take(words.lo, owner) == lanes["lo"]) & (take(words.hi, owner) == lanes["hi"])
+        same = active & (take(words.lo, owner) == lanes["lo"]) \
+            & (take(words.hi, owner) == lanes["hi"])
         first = jnp.where(same, owner, lanes["first"])
         return {**lanes, "first": first}, active & ~same, rnd + np.uint32(1)
 
