@@ -103,6 +103,13 @@ def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_thresh
             kept = nms_indices(decoded, s, candidates(s, score_threshold), iou_threshold,
                                per_class)
             rows += [(bi, ci, int(k)) for k in kept]
+    if size is not None and len(rows) > size:
+        # Over capacity the xla kernel keeps the `size` best scores (in row order). The
+        # callback keeps the leading `size` rows and reports the full length as the true
+        # size, so those rows go first and the lost ones after them.
+        row_scores = [float(scores[r].astype(dtype)) for r in rows]
+        best = set(sorted(range(len(rows)), key=lambda r: (-row_scores[r], r))[:size])
+        rows = [rows[r] for r in sorted(best)] + [rows[r] for r in range(len(rows)) if r not in best]
     return (np.asarray(rows, np.int64).reshape(-1, 3),)
 
 

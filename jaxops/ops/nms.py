@@ -141,11 +141,28 @@ def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, sc
     solve = functools.partial(sorted_nms, iou_threshold=iou_threshold, max_output=per_class,
                               exact_ranking=exact_ranking)
     order, keep = _per_problem(solve, per_box, scores.reshape(b * c, n), valid.reshape(b * c, n))
+    keep = keep.reshape(-1)
+    total = jnp.sum(keep, dtype=jnp.int32)
+    if rows < b * c * per_class:  # a capacity below the maximum: overflow keeps the best
+        ranked = jnp.take_along_axis(scores.reshape(b * c, n), order, axis=1).reshape(-1)
+        keep = _keep_top_scoring(keep, ranked, rows, total)
     # Kept ranks in problem-major order are exactly the output rows, in order.
-    flat, total = compact_indices(keep.reshape(-1), size=rows, fill_value=0)
+    flat, _ = compact_indices(keep, size=rows, fill_value=0)
     problem = flat // n
     out = jnp.stack([problem // c, problem % c, order.reshape(-1)[flat]], axis=1).astype(itype)
     return (_rows_dynarray(out, total, rows, size),)
+
+
+def _keep_top_scoring(keep: jax.Array, ranked_scores: jax.Array, rows: int,
+                      total: jax.Array) -> jax.Array:
+    """``keep`` limited to its ``rows`` highest scores when it holds more (ties to the earlier
+    output row), so a truncated NMS output keeps the best detections over all batches and
+    classes; they stay in the usual batch, class, score order."""
+    def restrict(keep):
+        finite = jnp.maximum(ranked_scores, jnp.finfo(ranked_scores.dtype).min)  # kept -inf
+        _, best = jax.lax.top_k(jnp.where(keep, finite, -jnp.inf), rows)
+        return keep & jnp.zeros_like(keep).at[best].set(True)
+    return jax.lax.cond(total > rows, restrict, lambda k: k, keep)
 
 
 def _rows_dynarray(out, total, rows: int, size: int | None) -> DynArray:
@@ -177,9 +194,11 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         same batch and class is strictly greater.
       score_threshold: when given, only scores strictly greater are candidates.
       center_point_box: 0 (corners) or 1 (centre and size).
-      size: capacity in rows; ``None`` is the maximum ``B * C * min(N, max_output_...)``. A
-        smaller capacity keeps the first ``size`` rows and reports the rest as lost
-        (``true_shape``, :meth:`DynArray.overflowed`), also inside jit.
+      size: capacity in rows; ``None`` is the maximum ``B * C * min(N, max_output_...)``. When
+        more rows are selected than fit, the ``size`` highest-scoring ones over all batches
+        and classes are kept (ties to the earlier row), still in batch, class, score order,
+        and the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
+        inside jit.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
 
     Returns:

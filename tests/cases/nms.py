@@ -87,7 +87,12 @@ def ref_non_max_suppression(boxes, scores, max_output_boxes_per_class=0, iou_thr
                           functools.partial(onnx_suppresses, t=iou_threshold))
             rows += [[b, c, i] for i in kept]
     rows = np.asarray(rows, np.int64).reshape(-1, 3)
-    return rows if size is None else rows[:size]
+    if size is None or len(rows) <= size:
+        return rows
+    # Over capacity: the `size` best scores (ties: earlier row), kept in row order.
+    row_scores = scores[rows[:, 0], rows[:, 1], rows[:, 2]]
+    best = sorted(range(len(rows)), key=lambda r: (-float(row_scores[r]), r))[:size]
+    return rows[sorted(best)]
 
 
 def torchvision_nms(boxes, scores, iou_threshold):
