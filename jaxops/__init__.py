@@ -31,6 +31,7 @@ _LAZY_EXPORTS = {
     "nms": "jaxops.ops.nms",
     "batched_nms": "jaxops.ops.nms",
     "efficient_nms": "jaxops.ops.nms",
+    "check_overflow": "tracing.overflow",
 }
 
 

@@ -71,14 +71,10 @@ def _is_traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _true_size(dyns: list[DynArray], axis: int) -> tuple[int, int]:
-    """(largest true size along ``axis``, total lost) over the DynArrays that track it."""
-    tracked = [d for d in dyns if d.true_shape is not None]
-    if not tracked:
-        return 0, 0
-    sizes, lost = jax.device_get(([d.true_shape[..., axis] for d in tracked],
-                                  [d.lost() for d in tracked]))
-    return max(int(np.max(s)) for s in sizes), max(int(np.sum(x)) for x in lost)
+def _true_size(dyns: list[DynArray], axis: int) -> int:
+    """The largest true size along ``axis`` over the DynArrays that track it (0: none do)."""
+    sizes = jax.device_get([d.true_shape[..., axis] for d in dyns if d.true_shape is not None])
+    return max((int(np.max(s)) for s in sizes), default=0)
 
 
 def _caller_site(skip_module: str) -> tuple[str, int]:
@@ -117,15 +113,15 @@ def run_with_policy(run: Callable[[int | None, str | None], Any], *, op: str, si
     result = run(size, None)
     if size is None or size >= theoretical_max or _is_traced(result):
         return result
-    true_size, lost = _true_size(_dyns(result), axis)
+    true_size = _true_size(_dyns(result), axis)
     if true_size <= size:
         return result
     if policy == "error":
         raise CapacityOverflowError(op, size, true_size,
                                     "Pass a larger size=, or overflow='expand'/'truncate'.")
     if policy == "truncate":
-        warn_once(f"{op}: output truncated to capacity {size}; {lost} results lost "
-                  f"(true size {true_size}). The DynArray's overflowed()/lost() report it.")
+        warn_once(f"{op}: output truncated to capacity {size}; {true_size - size} results "
+                  f"lost (true size {true_size}). The DynArray's overflowed()/lost() report it.")
         return result
     bucket = next_capacity(true_size, theoretical_max)
     return run(bucket, "host" if policy == "host" else None)

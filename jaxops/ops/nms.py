@@ -45,6 +45,7 @@ from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.iou import compute_dtype, decode_boxes
 from jaxops.ops.nms_tiled import score_candidates, sorted_nms
+from tracing.overflow import run_with_policy
 
 NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
 
@@ -181,7 +182,8 @@ NON_MAX_SUPPRESSION.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
 def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_per_class: int = 0,
                         iou_threshold: float = 0.0, score_threshold: float | None = None, *,
                         center_point_box: int = 0, size: int | None = None,
-                        impl_mode: str | OpImplMode | None = None) -> DynArray:
+                        overflow: str = "truncate", impl_mode: str | OpImplMode | None = None,
+                        backend: str | None = None) -> DynArray:
     """ONNX NonMaxSuppression (opset 11), as ONNX Runtime's CPU kernel computes it.
 
     Args:
@@ -199,7 +201,12 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         and classes are kept (ties to the earlier row), still in batch, class, score order,
         and the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
         inside jit.
+      overflow: what an eager call does when the rows exceed ``size``
+        (:mod:`tracing.overflow`): ``"truncate"`` (default: keep the best, warn once per
+        call site), ``"error"``, ``"expand"`` (rerun at the next power-of-two capacity) or
+        ``"host"``. Inside jit the flag travels with the result instead.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
+      backend: ``"xla"``, ``"host"`` or ``"ascend"`` (default: automatic).
 
     Returns:
       A :class:`DynArray` of max shape ``[size, 3]``, actual shape ``[M, 3]``: rows
@@ -213,10 +220,18 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
       >>> jaxops.refresh(jaxops.non_max_suppression(boxes, scores, 3, 0.5)).tolist()
       [[0, 0, 0], [0, 0, 2]]
     """
-    return NON_MAX_SUPPRESSION(
-        boxes, scores, max_output_boxes_per_class=max_output_boxes_per_class,
-        iou_threshold=iou_threshold, score_threshold=score_threshold,
-        center_point_box=center_point_box, size=size, impl_mode=impl_mode)[0]
+    def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
+        return NON_MAX_SUPPRESSION(
+            boxes, scores, max_output_boxes_per_class=max_output_boxes_per_class,
+            iou_threshold=iou_threshold, score_threshold=score_threshold,
+            center_point_box=center_point_box, size=capacity, impl_mode=impl_mode,
+            backend=rerun_backend or backend)[0]
+
+    b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
+    per_class = min(n, max_output_boxes_per_class) if isinstance(
+        max_output_boxes_per_class, (int, np.integer)) else n
+    return run_with_policy(run, op="NonMaxSuppression", size=size,
+                           theoretical_max=b * c * per_class, policy=overflow)
 
 
 def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
