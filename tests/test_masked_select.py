@@ -12,8 +12,7 @@ from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.core.impl_mode import OpImplMode
 from tests.cases.masked_select import ref_masked_select, ref_masked_select_grad
 
-SHAPES = [((), ()), ((5,), (5,)), ((3, 4), (4,)), ((1, 4), (3, 1)), ((2, 3, 4), (2, 1, 4)),
-          ((2, 1, 3, 2), (1, 4, 3, 1)), ((3,), ())]
+SHAPES = [((), ()), ((3, 4), (4,)), ((1, 4), (3, 1)), ((2, 1, 3, 2), (1, 4, 3, 1)), ((3,), ())]
 
 
 @pytest.mark.parametrize("dtype", [np.bool_, np.int32, ml_dtypes.bfloat16,

@@ -150,7 +150,9 @@ def _lexicographic_ranks(keys: jax.Array) -> jax.Array:
     def by_column(i, perm):  # LSD: stable sorts from the last column to the first
         column = lax.dynamic_index_in_dim(keys, r - 1 - i, axis=1, keepdims=False)[perm]
         return lax.sort((column, perm), num_keys=1, is_stable=True)[1]
-    perm = lax.fori_loop(0, r, by_column, jnp.arange(m, dtype=jnp.int32))
+    perm = jnp.arange(m, dtype=jnp.int32)
+    if r:  # empty slices are all equal: no column to sort by
+        perm = lax.fori_loop(0, r, by_column, perm)
     group = jnp.cumsum(rows_differ_from_previous(keys[perm]), dtype=jnp.int32) - 1
     return jnp.zeros((m,), jnp.int32).at[perm].set(group, unique_indices=True)
 
