@@ -137,3 +137,16 @@ def test_large_batch_uses_compacted_stages():
     chex.assert_trees_all_equal(np.asarray(info.slots), want["slots"])
     chex.assert_trees_all_equal(np.asarray(info.admitted), want["admitted"])
     assert_same_table(table, ref)
+
+
+def test_keys_sharing_the_low_word():
+    """The walk compares low words first; keys equal there must still be told apart."""
+    keys = (np.arange(30, dtype=np.int64) << 32) | 5
+    init = np.zeros((SIZE * 2, 1), np.float32)
+    table, ref = ht.init_table(SIZE * 2, 1, sampled_values=init), RefTable(init)
+    table, _, info = ht.lookup_or_insert(table, keys)
+    _, want = ref.lookup_or_insert(keys)
+    chex.assert_trees_all_equal(np.asarray(info.slots), want["slots"])
+    probe = np.concatenate([keys, keys + (100 << 32)])
+    chex.assert_trees_all_equal(np.asarray(ht.find(table, probe)[1]), ref.find(probe)[1])
+    assert_same_table(table, ref)

@@ -51,29 +51,55 @@ def find_slots(table: HashTable, words: Words64, home: jax.Array, active: jax.Ar
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Walks each active key from ``home`` to its key or the first empty slot.
 
+    The walk compares only the low key word (fewer gathers per probe, fewer lane arrays);
+    the high word is checked once where the walk stopped, and the rare keys that met
+    another key with the same low word walk on from there.
+
     Returns:
         ``(slot, dist, flags)``: int32 ``[N]`` ``slot`` holds the key (tombstones included)
         or is -1; int32 ``dist`` is the number of slots passed before the walk stopped,
         ``bucket_size`` when it passed them all (the key is absent and the table has no
         empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1).
     """
+    size = table.bucket_size
+
+    def impostor(slot):
+        return (slot >= 0) & (take(table.key_hi, jnp.maximum(slot, 0)) != words.hi)
+
+    def walk_on(state):
+        slot, dist, wrong = state
+        resume = wrong & (dist + 1 < size)
+        slot2, dist2 = _walk_low_word(table, words, home, jnp.where(resume, dist + 1, dist), resume)
+        slot = jnp.where(wrong, jnp.where(resume, slot2, -1), slot)
+        dist = jnp.where(wrong, jnp.where(resume, dist2, size), dist)
+        return slot, dist, impostor(slot)
+
+    slot, dist = _walk_low_word(table, words, home, jnp.zeros_like(home), active)
+    slot, dist, _ = jax.lax.while_loop(lambda s: jnp.any(s[2]), walk_on,
+                                       (slot, dist, impostor(slot)))
+    flags = jnp.where(slot >= 0, take(table.flags, jnp.maximum(slot, 0)), jnp.uint8(0))
+    return slot, dist, flags
+
+
+def _walk_low_word(table: HashTable, words: Words64, home: jax.Array, dist: jax.Array,
+                   active: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Walks to the first slot that is empty (slot -1) or holds a key with the same low
+    word (its slot); ``dist`` as in :func:`find_slots`."""
     n, size = home.shape[0], table.bucket_size
 
     def step(lanes, active, carry):
         pos = probe_slot(lanes["home"], lanes["dist"], size)
-        flags = take(table.flags, pos)
-        hit = active & (flags != 0) & (take(table.key_lo, pos) == lanes["lo"]) \
-            & (take(table.key_hi, pos) == lanes["hi"])
-        go = active & (flags != 0) & ~hit
+        used = take(table.flags, pos) != 0
+        same = active & used & (take(table.key_lo, pos) == lanes["lo"])
+        go = active & used & ~same
         dist = jnp.where(go, lanes["dist"] + 1, lanes["dist"])
-        return ({**lanes, "dist": dist, "slot": jnp.where(hit, pos, lanes["slot"]),
-                 "flags": jnp.where(hit, flags, lanes["flags"])}, go & (dist < size), carry)
+        slot = jnp.where(same, pos, lanes["slot"])
+        return {**lanes, "dist": dist, "slot": slot}, go & (dist < size), carry
 
-    lanes = {"id": jnp.arange(n, dtype=jnp.int32), "lo": words.lo, "hi": words.hi, "home": home,
-             "dist": jnp.zeros(n, jnp.int32), "slot": jnp.full(n, -1, jnp.int32),
-             "flags": jnp.zeros(n, jnp.uint8)}
+    lanes = {"id": jnp.arange(n, dtype=jnp.int32), "lo": words.lo, "home": home, "dist": dist,
+             "slot": jnp.full(n, -1, jnp.int32)}
     _, stages = drain(lanes, active, step, None)
-    return tuple(scatter_retired(lanes[f], stages, f) for f in ("slot", "dist", "flags"))
+    return scatter_retired(lanes["slot"], stages, "slot"), scatter_retired(dist, stages, "dist")
 
 
 def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
