@@ -100,3 +100,12 @@ def test_gather_valid_pads_and_routes_gradients():
 def test_bad_capacity_raises():
     with pytest.raises(ValueError, match="size"):
         compact_indices(jnp.ones(3, bool), -1)
+
+
+def test_blocked_path_with_x64_on():
+    mask = np.random.default_rng(4).random((350, 200)) < 0.3
+    with jax.enable_x64(True):
+        idx, count = compact_indices(mask, 30000)
+    want, want_count = ref_compact(mask, 30000)
+    assert idx.dtype == np.int32 and count.dtype == np.int32
+    chex.assert_trees_all_equal((np.asarray(idx), int(count)), (want, want_count))

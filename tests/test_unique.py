@@ -167,6 +167,14 @@ def test_x64_inputs_and_index_dtype():
     assert unique_all(np.array([1, 2], np.int32))[1].dtype == jnp.int32
 
 
+@pytest.mark.parametrize("spread", [300, 2**40], ids=["counting", "sorting"])
+def test_x64_large_inputs(spread):
+    x = np.random.default_rng(10).integers(-spread, spread, 20000)
+    with jax.enable_x64(True):
+        got = jaxops.refresh(unique_all(x, sorted=spread > 300))
+    assert_same(got, ref_unique(x, sorted=spread > 300))
+
+
 def test_agrees_with_jnp_unique():
     x = np.random.default_rng(5).integers(0, 20, 100).astype(np.int32)
     want = jnp.unique(x, size=30, fill_value=0, return_counts=True)

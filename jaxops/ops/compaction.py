@@ -150,14 +150,14 @@ class _Directory:
         mask = jnp.pad(mask, (0, n_units * _UNIT - mask.shape[0]))
         self.words = _pack_words(mask)
         per_word = lax.population_count(self.words).astype(i32).reshape(n_units, _UNIT_WORDS)
-        per_unit = jnp.sum(per_word, axis=1)
+        per_unit = jnp.sum(per_word, axis=1, dtype=i32)
         nonempty = per_unit > 0
-        inclusive = jnp.cumsum(jnp.stack([per_unit, nonempty.astype(i32)]), axis=1)
+        inclusive = jnp.cumsum(jnp.stack([per_unit, nonempty.astype(i32)]), axis=1, dtype=i32)
         offset = inclusive[0] - per_unit  # output slot of each unit's first True entry
         rank = inclusive[1] - 1  # index of each non-empty unit among the non-empty ones
         self.count = inclusive[0, -1]
         # Slots before word i of a unit, for i = 1..3, packed 7 bits each (each is <= 96).
-        before = jnp.cumsum(per_word[:, :-1], axis=1)
+        before = jnp.cumsum(per_word[:, :-1], axis=1, dtype=i32)
         packed_before = sum(before[:, i] << (7 * i) for i in range(_UNIT_WORDS - 1))
 
         # Tables indexed by the rank of a non-empty unit (sorted, unique scatter targets).

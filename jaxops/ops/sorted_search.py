@@ -52,7 +52,7 @@ def lower_bound(table: jax.Array, n_valid: jax.Array, queries: jax.Array) -> jax
     inside = jnp.arange(length, dtype=jnp.int32) < n_valid
     per_bucket = jnp.zeros((n_buckets,), jnp.int32).at[
         jnp.where(inside, bucket(table), n_buckets)].add(1, mode="drop", indices_are_sorted=True)
-    ends = jnp.cumsum(per_bucket)
+    ends = jnp.cumsum(per_bucket, dtype=jnp.int32)
     begins = ends - per_bucket
     steps = _bit_length(jnp.max(per_bucket).astype(jnp.uint32))
 
