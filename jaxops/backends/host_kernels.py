@@ -16,12 +16,13 @@ lays them into the ``xla`` kernel's max-shape structure and reaches them from ji
 
 from __future__ import annotations
 
-from jaxops.backends import host_nms
+from jaxops.backends import host_index, host_nms
 from jaxops.backends.callback import host_kernel
 from jaxops.core.registry import get_op, list_ops
 
 #: operator name -> numpy function
 KERNELS = {
+    **host_index.KERNELS,
     **host_nms.KERNELS,
 }
 

@@ -1,0 +1,104 @@
+"""Host (numpy) kernels of the index operators: NonZero, MaskedSelect, Unique,
+UniqueConsecutive.
+
+Each returns the outputs at their exact shapes as if capacity were unlimited (the
+callback layer cuts them to the max shapes); outputs that are not DynArrays (the inverse
+indices) already carry the operator's capacity rule: ids at or beyond ``size`` are -1.
+Equality and order follow :mod:`jaxops.ops.order_keys`: ``-0.0 == 0.0``, every NaN is one
+value sorted after ``+inf``; a float unique value is taken from its first occurrence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INDEX_FILL = -1
+
+
+def nonzero(x, *, size, transpose):
+    x = np.asarray(x)
+    rows = np.argwhere((x.reshape(1) if x.ndim == 0 else x) != 0)  # [n, rank], row-major
+    return (rows if transpose else rows.T,)
+
+
+def masked_select(x, mask, *, size):
+    shape = np.broadcast_shapes(np.shape(x), np.shape(mask))
+    return (np.broadcast_to(x, shape)[np.broadcast_to(np.asarray(mask) != 0, shape)],)
+
+
+def _items(x: np.ndarray, axis: int | None):
+    """The rows being made unique ([n] values or [n, r] slices) and the inverse reshaping."""
+    if axis is None:
+        return x.reshape(-1), lambda rows: rows
+    axis %= x.ndim
+    moved = np.moveaxis(x, axis, 0)
+    rest = moved.shape[1:]
+    return moved.reshape(moved.shape[0], int(np.prod(moved.shape[1:]))), \
+        lambda rows: np.moveaxis(rows.reshape((rows.shape[0],) + rest), 0, axis)
+
+
+def _key_columns(rows: np.ndarray) -> list[np.ndarray]:
+    """Comparable key columns, most significant first (NaN flag and value for floats)."""
+    cols = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
+    keys = []
+    for j in range(cols.shape[1]):
+        c = cols[:, j]
+        if np.issubdtype(c.dtype, np.integer) or c.dtype == np.bool_:
+            keys.append(c.astype(np.uint64 if c.dtype.kind in "ub" else np.int64))
+        else:  # float16 / bfloat16 / float32 / float64 are exact in float64
+            wide = c.astype(np.float64)
+            nan = np.isnan(wide)
+            keys += [nan, np.where(nan, 0.0, wide) + 0.0]  # + 0.0 turns -0.0 into +0.0
+    return keys
+
+
+def _differs_from_previous(keys: list[np.ndarray], n: int) -> np.ndarray:
+    """[n] bool: row i differs from row i-1 (row 0: True)."""
+    out = np.ones(n, bool)
+    if n:
+        out[1:] = False
+        for k in keys:
+            out[1:] |= k[1:] != k[:-1]
+    return out
+
+
+def unique(x, *, size, sorted, axis):
+    rows, restore = _items(np.asarray(x), axis)
+    n = rows.shape[0]
+    keys = _key_columns(rows)
+    order = np.lexsort([np.arange(n)] + keys[::-1]) if keys else np.arange(n)
+    start = _differs_from_previous([k[order] for k in keys], n)
+    group = np.empty(n, np.int64)
+    group[order] = np.cumsum(start) - 1
+    starts = np.flatnonzero(start)
+    first = order[starts]  # the sort is stable: the lowest index of each group
+    counts = np.diff(np.append(starts, n))
+    uid = group
+    if not sorted:  # first-occurrence order
+        perm = np.argsort(first, kind="stable")
+        rank = np.empty_like(perm)
+        rank[perm] = np.arange(len(perm))
+        uid, first, counts = rank[group], first[perm], counts[perm]
+    cap = n if size is None else size
+    inverse = np.where(uid < cap, uid, INDEX_FILL)
+    return restore(rows[first]), first, inverse, counts
+
+
+def unique_consecutive(x, *, size, axis):
+    rows, restore = _items(np.asarray(x), axis)
+    n = rows.shape[0]
+    start = _differs_from_previous(_key_columns(rows), n)
+    starts = np.flatnonzero(start)
+    run = np.cumsum(start) - 1
+    cap = n if size is None else size
+    return restore(rows[starts]), np.where(run < cap, run, INDEX_FILL), \
+        np.diff(np.append(starts, n))
+
+
+#: operator name -> host function
+KERNELS = {
+    "NonZero": nonzero,
+    "MaskedSelect": masked_select,
+    "Unique": unique,
+    "UniqueConsecutive": unique_consecutive,
+}
