@@ -15,6 +15,7 @@ from jaxops.core.tensor_desc import TensorDesc
 
 import jaxops.ops  # noqa: E402,F401  (registers every operator)
 import jaxops.backends.host_kernels  # noqa: E402,F401  (host kernels of those operators)
+import jaxops.backends.ascend_ops  # noqa: E402,F401  (their Ascend aclnn kernels)
 from jaxops.backends import use_backend  # noqa: E402
 
 __version__ = "0.1.0"

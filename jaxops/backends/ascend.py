@@ -171,7 +171,8 @@ class AclnnSpec:
     ``build(*inputs, **attrs)`` returns the GetWorkspaceSize arguments (:class:`In`,
     :class:`Out`, :class:`Scalar`) from numpy inputs; ``finish(outs, *inputs, **attrs)``
     turns the exact :class:`Out` results into the operator's outputs (exact shapes, as if
-    capacity were unlimited). ``dtypes`` are the input dtypes the kernel takes.
+    capacity were unlimited). ``dtypes`` are the first input's dtypes the kernel takes;
+    ``refuses(**attrs)`` says why the kernel cannot serve these attrs (``None``: it can).
     """
 
     op: str
@@ -179,6 +180,7 @@ class AclnnSpec:
     dtypes: frozenset[DataType]
     build: Callable[..., Sequence[Arg]]
     finish: Callable[..., Sequence[np.ndarray]]
+    refuses: Callable[..., str | None] = lambda **attrs: None
 
     def symbols(self) -> tuple[str, str]:
         return f"aclnn{self.aclnn}GetWorkspaceSize", f"aclnn{self.aclnn}"
@@ -187,8 +189,13 @@ class AclnnSpec:
 SPECS: dict[str, AclnnSpec] = {}
 
 
-def dtype_problem(spec: AclnnSpec, inputs: Sequence[Any]) -> str | None:
-    """Why the aclnn kernel cannot take these inputs (``None`` when it can)."""
+def problem(spec: AclnnSpec, inputs: Sequence[Any] | None,
+            attrs: dict[str, Any] | None) -> str | None:
+    """Why the aclnn kernel cannot take these inputs / attrs (``None`` when it can; what is
+    not given is not checked)."""
+    refused = spec.refuses(**attrs) if attrs is not None else None
+    if refused:
+        return refused
     dtype = getattr(inputs[0], "dtype", None) if inputs else None
     if dtype is None:
         return None
@@ -202,8 +209,9 @@ def dtype_problem(spec: AclnnSpec, inputs: Sequence[Any]) -> str | None:
     return None
 
 
-def supports(op, inputs: Sequence[Any] | None = None) -> tuple[bool, str]:
-    """Step 4 for ``op`` (plus its input dtype when ``inputs`` are given)."""
+def supports(op, inputs: Sequence[Any] | None = None,
+             attrs: dict[str, Any] | None = None) -> tuple[bool, str]:
+    """Step 4 for ``op``, plus its input dtype and attrs when they are given."""
     spec = SPECS.get(op.name)
     if spec is None:
         return False, f"jaxops maps no aclnn kernel onto {op.name}"
@@ -214,8 +222,8 @@ def supports(op, inputs: Sequence[Any] | None = None) -> tuple[bool, str]:
     missing = [s for s in spec.symbols() if not lib.has(s)]
     if missing:
         return False, f"libopapi does not export {', '.join(missing)}"
-    problem = dtype_problem(spec, inputs) if inputs is not None else None
-    return (False, problem) if problem else (True, f"aclnn{spec.aclnn}")
+    why = problem(spec, inputs, attrs)
+    return (False, why) if why else (True, f"aclnn{spec.aclnn}")
 
 
 def diagnose(refresh: bool = True) -> Diagnosis:
@@ -247,8 +255,8 @@ def run(op_name: str, *inputs, **attrs) -> tuple[np.ndarray, ...]:
 
     inputs, attrs = get_op(op_name).check([None if x is None else np.asarray(x) for x in inputs],
                                           attrs)
-    problem = dtype_problem(spec, inputs)
-    if problem:
-        raise BackendUnavailableError(f"{op_name}: {problem}")
+    why = problem(spec, inputs, attrs)
+    if why:
+        raise BackendUnavailableError(f"{op_name}: {why}")
     outs = runtime().dispatch(spec.aclnn, spec.build(*inputs, **attrs))
     return tuple(spec.finish(outs, *inputs, **attrs))

@@ -92,14 +92,15 @@ def _backend_status(name: str) -> tuple[bool, str]:
     return detection.available, detection.summary()
 
 
-def _op_support(op: OpDef, name: str, inputs: Sequence[Any] | None) -> tuple[bool, str]:
+def _op_support(op: OpDef, name: str, inputs: Sequence[Any] | None,
+                attrs: dict[str, Any] | None) -> tuple[bool, str]:
     """Whether backend ``name`` (assumed available) can run ``op`` on these inputs."""
     if not op.has_kernel(name):
         return False, f"{op.name} has no {name!r} kernel (kernels: {', '.join(op.backends())})"
     if name == "ascend":
         from jaxops.backends import ascend
 
-        return ascend.supports(op, inputs)
+        return ascend.supports(op, inputs, attrs)
     return True, "kernel registered"
 
 
@@ -144,17 +145,18 @@ def _request() -> tuple[str | None, str]:
     return None, "automatic"
 
 
-def select(op: OpDef | str, requested: str | None = None,
-           inputs: Sequence[Any] | None = None) -> Selection:
+def select(op: OpDef | str, requested: str | None = None, inputs: Sequence[Any] | None = None,
+           attrs: dict[str, Any] | None = None) -> Selection:
     """The backend a call of ``op`` runs on, with the reason (see the module docstring).
 
-    ``inputs`` (optional) lets the choice take input dtypes into account.
+    ``inputs`` and ``attrs`` (optional) let the choice take input dtypes and attribute
+    values into account (an aclnn kernel may not serve every configuration).
     """
     op = get_op(op) if isinstance(op, str) else op
     name, source = (requested, "backend= argument") if requested is not None else _request()
     if name is not None:
         _check_available(name, source)
-        ok, why = _op_support(op, name, inputs)
+        ok, why = _op_support(op, name, inputs, attrs)
         if ok:
             return Selection(op.name, name, source, "requested explicitly" if source ==
                              "backend= argument" else f"requested by {source}")
@@ -164,24 +166,26 @@ def select(op: OpDef | str, requested: str | None = None,
         return Selection(op.name, "xla", source, f"fallback: {why}", ((name, why),))
     ok, why = _backend_status("ascend")
     if ok:
-        ok, why = _op_support(op, "ascend", inputs)
+        ok, why = _op_support(op, "ascend", inputs, attrs)
         if ok:
             return Selection(op.name, "ascend", source, "the Ascend runtime has its kernel")
     return Selection(op.name, "xla", source, "the default backend", (("ascend", why),))
 
 
 def select_backend(op: OpDef, requested: str | None = None,
-                   inputs: Sequence[Any] | None = None) -> str:
+                   inputs: Sequence[Any] | None = None,
+                   attrs: dict[str, Any] | None = None) -> str:
     """The name of the backend a call of ``op`` runs on (the entry the registry and
     ``tracing.launch`` call)."""
-    return select(op, requested, inputs).backend
+    return select(op, requested, inputs, attrs).backend
 
 
 def explain(op: OpDef | str, requested: str | None = None,
-            inputs: Sequence[Any] | None = None) -> Selection:
+            inputs: Sequence[Any] | None = None,
+            attrs: dict[str, Any] | None = None) -> Selection:
     """What a call of ``op`` would run on here and now, and why (``str()`` it to read;
     the module docstring has an example)."""
-    return select(op, requested, inputs)
+    return select(op, requested, inputs, attrs)
 
 
 @contextlib.contextmanager

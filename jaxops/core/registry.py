@@ -325,7 +325,7 @@ class OpDef:
 
         inputs, attrs = self.check(inputs, attrs)
         mode = self.select_mode(impl_mode)
-        chosen = select_backend(self, backend, inputs=inputs)  # inputs: dtype-aware choice
+        chosen = select_backend(self, backend, inputs=inputs, attrs=attrs)  # per-config choice
         return self._runner(self.get_kernel(chosen, mode), attrs)(*inputs, **attrs)
 
     def _runner(self, kernel: KernelFn, attrs: Mapping[str, Any]) -> KernelFn:

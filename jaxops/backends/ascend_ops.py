@@ -1,0 +1,120 @@
+"""The operators jaxops maps onto Ascend aclnn kernels, registered as ``ascend`` kernels.
+
+===========  =====================  ===========================================================
+operator     aclnn kernel           mapping
+===========  =====================  ===========================================================
+NonZero      ``aclnnNonzero``       out ``[numel, rank]`` int64 (transposed for the ONNX layout)
+MaskedSelect ``aclnnMaskedSelect``  out ``[broadcast numel]`` (the kernel broadcasts)
+Unique       ``aclnnUnique2``       ``sorted=True, axis=None`` only; values, inverse and counts
+                                    from the kernel, first indices from the inverse on the host
+===========  =====================  ===========================================================
+
+Every other operator (UniqueConsecutive, the NMS family) and every configuration an aclnn
+kernel does not serve (``Unique(axis=...)``, ``Unique(sorted=False)``, dtypes outside the
+kernel's list) runs on ``xla`` under automatic selection; :func:`jaxops.backends.explain`
+gives the reason, and an explicit ``backend="ascend"`` raises it. Capacity (``size``) is
+applied after the kernel: aclnn outputs are always allocated at the full max shape.
+
+Dtype lists are those the aclnn docs give for Atlas A2/A3 (the 950 series takes more).
+
+>>> import jaxops
+>>> "ascend" in jaxops.get_op("NonZero").backends()
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, problem, run
+from jaxops.backends.callback import host_kernel
+from jaxops.core.dtypes import DataType as D
+from jaxops.core.errors import BackendUnavailableError
+from jaxops.core.registry import get_op, list_ops
+
+I64 = np.dtype(np.int64)
+#: aclnnNonzero / aclnnMaskedSelect on Atlas A2/A3
+INDEX_DTYPES = frozenset({D.FLOAT, D.FLOAT16, D.DOUBLE, D.INT32, D.INT64, D.INT16, D.INT8,
+                          D.UINT8, D.BOOL, D.BF16})
+#: aclnnUnique2 on Atlas A2/A3
+UNIQUE2_DTYPES = INDEX_DTYPES | {D.UINT16, D.UINT32, D.UINT64}
+
+
+def _nonzero_build(x, *, size, transpose):
+    x = x.reshape(1) if x.ndim == 0 else x  # a scalar is a 1-element vector (the xla rule)
+    return [In(x), Out((x.size, x.ndim), I64)]
+
+
+def _nonzero_finish(outs, x, *, size, transpose):
+    (rows,) = outs  # [n, rank]
+    return (rows if transpose else rows.T,)
+
+
+def _masked_select_build(x, mask, *, size):
+    shape = np.broadcast_shapes(x.shape, mask.shape)
+    return [In(x), In(mask), Out((math.prod(shape),), x.dtype)]
+
+
+def _unique_refuses(*, size, sorted, axis):
+    if axis is not None:
+        return "aclnnUnique2 has no axis (Unique with axis runs on xla)"
+    if not sorted:
+        return ("aclnnUnique2 sorted=False gives no defined order (Unique(sorted=False) runs "
+                "on xla)")
+    return None
+
+
+def _unique_build(x, *, size, sorted, axis):
+    flat = x.reshape(-1)
+    n = flat.size
+    return [In(flat), Scalar("bool", True), Scalar("bool", True), Scalar("bool", True),
+            Out((n,), x.dtype), Out((n,), I64), Out((n,), I64)]
+
+
+def _unique_finish(outs, x, *, size, sorted, axis):
+    values, inverse, counts = outs
+    n = inverse.size
+    first = np.full(values.shape[0], n, I64)
+    np.minimum.at(first, inverse, np.arange(n))  # the kernel does not return first indices
+    cap = n if size is None else size
+    return values, first, np.where(inverse < cap, inverse, -1), counts
+
+
+for _spec in (
+    AclnnSpec("NonZero", "Nonzero", INDEX_DTYPES, _nonzero_build, _nonzero_finish),
+    AclnnSpec("MaskedSelect", "MaskedSelect", INDEX_DTYPES, _masked_select_build,
+              lambda outs, *inputs, **attrs: outs),
+    AclnnSpec("Unique", "Unique2", UNIQUE2_DTYPES, _unique_build, _unique_finish,
+              refuses=_unique_refuses),
+):
+    SPECS[_spec.op] = _spec
+
+
+def _ascend_kernel(spec: AclnnSpec):
+    op = get_op(spec.op)
+
+    def on_host(*inputs, **attrs):
+        return run(spec.op, *inputs, **attrs)
+
+    def check(*inputs, **attrs):  # at trace time, for calls that chose ascend without inputs
+        why = problem(spec, inputs, attrs)
+        if why:
+            raise BackendUnavailableError(f"{spec.op}: the ascend kernel cannot run this call: "
+                                          f"{why}. Use backend='xla'.")
+
+    return host_kernel(op, on_host, check=check)
+
+
+def register() -> list[str]:
+    """Registers the ascend kernels of the mapped operators that exist; returns their names."""
+    done = []
+    for name, spec in SPECS.items():
+        if name in list_ops() and not get_op(name).has_kernel("ascend"):
+            get_op(name).kernel("ascend")(_ascend_kernel(spec))
+            done.append(name)
+    return done
+
+
+register()
