@@ -47,6 +47,14 @@ class OpCase:
         return self.id
 
 
+def TRUNCATE(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with ``overflow="truncate"``: rows that test a capacity overflow compare the
+    truncated result (what jit and launch give) eagerly too, not the "expand" rerun."""
+    def truncating(*args, **kwargs):
+        return fn(*args, overflow="truncate", **kwargs)
+    return truncating
+
+
 def all_cases() -> list[OpCase]:
     """Every row from every module in ``tests/cases``."""
     import tests.cases as pkg

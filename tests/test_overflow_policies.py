@@ -72,3 +72,58 @@ def test_no_overflow_no_rerun_no_warning():
         warnings.simplefilter("error")
         _, _, out = _nms("error", size=25)
     assert not bool(out.overflowed()) and out.max_shape == (25, 3)
+
+
+# -- the index operators: "expand" by default -----------------------------------------------
+
+def test_index_ops_expand_by_default_and_are_complete():
+    rng = np.random.default_rng(0)
+    x = rng.random((6, 7)) < 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # expanding is not a truncation: no warning
+        nz = jaxops.nonzero(x, size=2)
+        ms = jaxops.masked_select(np.arange(42.0).reshape(6, 7), x, size=2)
+        y, counts = jaxops.unique(rng.integers(0, 20, 40), size=2, return_counts=True)
+        yc = jaxops.unique_consecutive(np.repeat(np.arange(9), 2), size=2)
+    np.testing.assert_array_equal(jaxops.refresh(nz), np.stack(np.nonzero(x)))
+    assert nz.max_shape == (2, overflow.next_capacity(int(x.sum()), x.size))
+    assert not bool(nz.overflowed())
+    np.testing.assert_array_equal(jaxops.refresh(ms), np.arange(42.0).reshape(6, 7)[x])
+    assert int(counts.numel()) == int(y.numel()) and not bool(y.overflowed())
+    np.testing.assert_array_equal(jaxops.refresh(yc), np.arange(9))
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: jaxops.nonzero(np.ones(10), size=3, overflow=p),
+    lambda p: jaxops.argwhere(np.ones((2, 5)), size=3, overflow=p),
+    lambda p: jaxops.masked_select(np.arange(10), np.ones(10, bool), size=3, overflow=p),
+    lambda p: jaxops.unique(np.arange(10), size=3, overflow=p),
+    lambda p: jaxops.unique_consecutive(np.arange(10), size=3, overflow=p),
+])
+def test_index_ops_error_truncate_host(call):
+    with pytest.raises(CapacityOverflowError, match="10 results does not fit capacity 3"):
+        call("error")
+    with pytest.warns(overflow.CapacityOverflowWarning, match="7 results lost"):
+        cut = call("truncate")
+    first = cut[0] if isinstance(cut, tuple) else cut
+    assert bool(first.overflowed())
+    host = call("host")
+    first = host[0] if isinstance(host, tuple) else host
+    assert not bool(first.overflowed()) and int(first.numel()) in (10, 20)  # 20: argwhere [10, 2]
+
+
+def test_expand_compilations_are_bounded():
+    """1,000 eager calls with true sizes anywhere in [1, max]: at most ceil(log2 max) + 1
+    compilations (each power-of-two bucket once)."""
+    from tests.util import CompileCounter
+
+    n = 100
+    rng = np.random.default_rng(1)
+    counts = rng.integers(1, n + 1, 1000)
+    xs = [np.arange(n) < k for k in counts]
+    bound = int(np.ceil(np.log2(n))) + 1
+    for op in (lambda x: jaxops.nonzero(x, size=1), lambda x: jaxops.masked_select(x, x, size=1)):
+        with CompileCounter() as compiles:
+            for x, k in zip(xs, counts):
+                assert int(op(x).numel()) == k
+        assert 0 < compiles.count <= bound, compiles.count

@@ -199,7 +199,8 @@ def test_unique_consecutive(axis):
         x = floats_with_ties(rng, (8, 3), values=1)
         x[2] = x[1]  # a repeated row
         for size in (None, 2):
-            assert_same(jaxops.refresh(unique_consecutive_all(x, axis=axis, size=size)),
+            assert_same(jaxops.refresh(unique_consecutive_all(x, axis=axis, size=size,
+                                                              overflow="truncate")),
                         ref_unique_consecutive(x, size=size, axis=axis))
     x = np.random.default_rng(8).integers(0, 2, 20000).astype(np.int8)  # blocked compaction
     assert_same(jaxops.refresh(unique_consecutive_all(x)), ref_unique_consecutive(x))

@@ -71,10 +71,16 @@ def _is_traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _true_size(dyns: list[DynArray], axis: int) -> int:
-    """The largest true size along ``axis`` over the DynArrays that track it (0: none do)."""
-    sizes = jax.device_get([d.true_shape[..., axis] for d in dyns if d.true_shape is not None])
-    return max((int(np.max(s)) for s in sizes), default=0)
+def _needed_size(dyns: list[DynArray]) -> int:
+    """The capacity the result would have needed: the largest true dim over every axis a
+    DynArray overflowed (0 when none did). Axis-free, so it serves every output layout."""
+    shapes = jax.device_get([(d.actual_shape, d.true_shape) for d in dyns if d.true_shape is not None])
+    needed = 0
+    for actual, true in shapes:
+        over = np.asarray(true) > np.asarray(actual)
+        if over.any():
+            needed = max(needed, int(np.asarray(true)[over].max()))
+    return needed
 
 
 def _caller_site(skip_module: str) -> tuple[str, int]:
@@ -103,17 +109,18 @@ def reset_warnings() -> None:
 
 
 def run_with_policy(run: Callable[[int | None, str | None], Any], *, op: str, size: int | None,
-                    theoretical_max: int, policy: str, axis: int = 0) -> Any:
+                    theoretical_max: int, policy: str) -> Any:
     """Runs ``run(size, backend)`` and applies ``policy`` when its output overflowed.
 
-    ``run`` returns a pytree whose DynArrays carry ``true_shape`` along capacity ``axis``.
-    Inside jit (traced results) the result is returned as is: the flag travels with it.
+    ``run`` returns a pytree whose DynArrays carry ``true_shape`` (the capacity is the dim
+    where it exceeds ``actual_shape``). Inside jit (traced results) the result is returned
+    as is: the flag travels with it.
     """
     check_policy(op, policy)
     result = run(size, None)
     if size is None or size >= theoretical_max or _is_traced(result):
         return result
-    true_size = _true_size(_dyns(result), axis)
+    true_size = _needed_size(_dyns(result))
     if true_size <= size:
         return result
     if policy == "error":

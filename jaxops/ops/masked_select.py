@@ -25,6 +25,7 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map, gather_valid
 from jaxops.ops.nonzero import NONZERO_DTYPES, capacity_attr
+from tracing.overflow import run_with_policy
 
 VALUE_FILL = 0
 
@@ -117,7 +118,8 @@ def _masked_select_fast(x, mask, *, size):
 
 
 def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
-                  impl_mode: OpImplMode | str | None = None, backend: str | None = None) -> DynArray:
+                  overflow: str = "expand", impl_mode: OpImplMode | str | None = None,
+                  backend: str | None = None) -> DynArray:
     """Elements of ``x`` where ``mask`` is set, in row-major order (op "MaskedSelect").
 
     Args:
@@ -131,7 +133,11 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
         bfloat16 ``x`` broadcast against ``mask``, where several outputs come from one
         element of ``x``: high precision sums their cotangents in float32 and rounds once,
         high performance sums in ``x``'s dtype (rounding at each addition).
-      backend: kernel backend (default: ``xla``).
+      overflow: what an eager call does when the results exceed ``size``
+        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
+        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
+        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      backend: kernel backend (default: automatic).
 
     Returns:
       A 1-D :class:`DynArray` of ``x``'s dtype, max shape ``[size]``, actual shape
@@ -141,8 +147,14 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
 
     Examples:
       >>> import jax.numpy as jnp, jaxops
-      >>> d = jaxops.masked_select(jnp.arange(6), jnp.arange(6) % 2 == 0, size=2)
+      >>> d = jaxops.masked_select(jnp.arange(6), jnp.arange(6) % 2 == 0, size=2,
+      ...                          overflow="truncate")
       >>> jaxops.refresh(d).tolist(), int(d.lost())
       ([0, 2], 1)
     """
-    return MASKED_SELECT(x, mask, size=size, impl_mode=impl_mode, backend=backend)[0]
+    def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
+        return MASKED_SELECT(x, mask, size=capacity, impl_mode=impl_mode,
+                             backend=rerun_backend or backend)[0]
+
+    total = math.prod(_broadcast_shape(np.shape(x), np.shape(mask)))
+    return run_with_policy(run, op="MaskedSelect", size=size, theoretical_max=total, policy=overflow)

@@ -6,7 +6,7 @@
 [[0, 1], [1, 0]]
 >>> jaxops.refresh(jaxops.argwhere(x)).tolist()         # CANN / torch layout [n, rank]
 [[0, 1], [1, 0]]
->>> d = jaxops.flatnonzero(x, size=1)                   # capacity 1, two results
+>>> d = jaxops.flatnonzero(x, size=1, overflow="truncate")  # capacity 1, two results
 >>> jaxops.refresh(d).tolist(), bool(d.overflowed()), int(d.lost())
 ([1], True, 1)
 """
@@ -17,11 +17,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.core.dtypes import ALL_NUMERIC, DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map
+from tracing.overflow import run_with_policy
 
 INDEX_FILL = -1
 #: Inputs NonZero accepts: bool, every integer and float dtype, complex.
@@ -83,7 +85,7 @@ def _nonzero_xla(x, *, size, transpose):
 
 
 def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
-            backend: str | None = None) -> DynArray:
+            overflow: str = "expand", backend: str | None = None) -> DynArray:
     """Indices of the non-zero elements of ``x``, in row-major order (op "NonZero").
 
     Args:
@@ -96,7 +98,11 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
         so ``.overflowed()`` and ``.lost()`` report the cut inside ``jit``.
       transpose: ``False`` gives ONNX's layout ``[rank, n]``; ``True`` gives ``[n, rank]``
         (CANN, ``torch.nonzero``, :func:`argwhere`).
-      backend: kernel backend (default: ``xla``).
+      overflow: what an eager call does when the results exceed ``size``
+        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
+        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
+        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      backend: kernel backend (default: automatic).
 
     Returns:
       A :class:`DynArray` of max shape ``[rank, size]`` (or ``[size, rank]``), actual shape
@@ -108,26 +114,33 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
       >>> jaxops.refresh(jaxops.nonzero(jnp.array([0.0, jnp.nan, -0.0, 2.0]))).tolist()
       [[1, 3]]
     """
-    return NONZERO(x, size=size, transpose=transpose, backend=backend)[0]
+    def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
+        return NONZERO(x, size=capacity, transpose=transpose, backend=rerun_backend or backend)[0]
+
+    return run_with_policy(run, op="NonZero", size=size, theoretical_max=math.prod(np.shape(x)),
+                           policy=overflow)
 
 
-def argwhere(x: jax.Array, *, size: int | None = None, backend: str | None = None) -> DynArray:
+def argwhere(x: jax.Array, *, size: int | None = None, overflow: str = "expand",
+             backend: str | None = None) -> DynArray:
     """:func:`nonzero` in the ``[n, rank]`` layout (``np.argwhere``, CANN, torch).
 
     >>> import jax.numpy as jnp, jaxops
     >>> jaxops.refresh(jaxops.argwhere(jnp.array([[1, 0], [0, 1]]), size=3)).tolist()
     [[0, 0], [1, 1]]
     """
-    return nonzero(x, size=size, transpose=True, backend=backend)
+    return nonzero(x, size=size, transpose=True, overflow=overflow, backend=backend)
 
 
-def flatnonzero(x: jax.Array, *, size: int | None = None, backend: str | None = None) -> DynArray:
+def flatnonzero(x: jax.Array, *, size: int | None = None, overflow: str = "expand",
+                backend: str | None = None) -> DynArray:
     """Flat (row-major) indices of the non-zero elements: a 1-D DynArray, padding -1.
 
     >>> import jax.numpy as jnp, jaxops
     >>> jaxops.refresh(jaxops.flatnonzero(jnp.array([[1, 0], [0, 1]]))).tolist()
     [0, 3]
     """
-    rows = nonzero(x.reshape(-1) if hasattr(x, "reshape") else x, size=size, backend=backend)
+    rows = nonzero(x.reshape(-1) if hasattr(x, "reshape") else x, size=size, overflow=overflow,
+                   backend=backend)
     true = None if rows.true_shape is None else rows.true_shape[..., 1:]
     return DynArray.tree_unflatten(rows.fill_value, (rows.data[..., 0, :], rows.actual_shape[..., 1:], true))

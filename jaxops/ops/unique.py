@@ -28,6 +28,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxops.core.dtypes import DataType, REAL
@@ -38,6 +39,7 @@ from jaxops.ops.compaction import compact_indices, gather_valid
 from jaxops.ops.grouping import group_keys
 from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
+from tracing.overflow import run_with_policy
 
 VALUE_FILL = 0  # padding of y
 COUNT_FILL = 0  # padding of counts
@@ -227,7 +229,7 @@ def _returns(y, extras):
 
 def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: int | None = None,
            return_index: bool = False, return_inverse: bool = False, return_counts: bool = False,
-           backend: str | None = None):
+           overflow: str = "expand", backend: str | None = None):
     """Unique values of ``x`` (or unique slices along ``axis``) (op "Unique", ONNX semantics).
 
     Args:
@@ -242,7 +244,11 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
         lexicographically.
       return_index, return_inverse, return_counts: also return the first-occurrence index
         of each unique value, the unique id of every element, the number of occurrences.
-      backend: kernel backend (default: ``xla``).
+      overflow: what an eager call does when the results exceed ``size``
+        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
+        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
+        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      backend: kernel backend (default: automatic).
 
     Returns:
       ``y`` alone, or a tuple ``(y, [indices], [inverse], [counts])`` in numpy's order.
@@ -262,16 +268,22 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
       >>> jaxops.refresh(y).tolist()
       [-0.0, 3.0, nan]
     """
-    y, indices, inverse, counts = UNIQUE(x, size=size, sorted=sorted, axis=axis, backend=backend)
+    def run(capacity: int | None, rerun_backend: str | None):
+        return UNIQUE(x, size=capacity, sorted=sorted, axis=axis, backend=rerun_backend or backend)
+
+    y, indices, inverse, counts = run_with_policy(
+        run, op="Unique", size=size, theoretical_max=_max_shapes("Unique", np.shape(x), None, axis)[1],
+        policy=overflow)
     return _returns(y, [(return_index, indices), (return_inverse, inverse), (return_counts, counts)])
 
 
 def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | None = None,
                        return_inverse: bool = False, return_counts: bool = False,
-                       backend: str | None = None):
+                       overflow: str = "expand", backend: str | None = None):
     """Collapses runs of equal consecutive values (or slices along ``axis``).
 
-    Same equality rules, capacity contract and padding as :func:`unique`; the outputs are
+    Same equality rules, capacity contract, ``overflow`` policies and padding as
+    :func:`unique`; the outputs are
     ``torch.unique_consecutive``'s: ``y`` (first item of each run), ``inverse`` (run id of
     every element, plain array, -1 where the run was cut) and ``counts`` (run lengths).
 
@@ -284,5 +296,10 @@ def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | Non
       >>> jaxops.refresh(y).tolist(), jaxops.refresh(c).tolist()
       ([5, 1, 5], [2, 1, 1])
     """
-    y, inverse, counts = UNIQUE_CONSECUTIVE(x, size=size, axis=axis, backend=backend)
+    def run(capacity: int | None, rerun_backend: str | None):
+        return UNIQUE_CONSECUTIVE(x, size=capacity, axis=axis, backend=rerun_backend or backend)
+
+    y, inverse, counts = run_with_policy(
+        run, op="UniqueConsecutive", size=size,
+        theoretical_max=_max_shapes("UniqueConsecutive", np.shape(x), None, axis)[1], policy=overflow)
     return _returns(y, [(return_inverse, inverse), (return_counts, counts)])
