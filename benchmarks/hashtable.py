@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare, format_table, write_json
+from benchmarks.common import Result, compare, ensure_hugepages, format_table, write_json
 
 
 def _words(keys: np.ndarray) -> ht.Words64:
@@ -85,8 +85,11 @@ def run(quick: bool = False) -> list[Result]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--no-hugepages", action="store_true",
+                        help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     parser.add_argument("--json", default="benchmarks/results/hashtable.json")
     args = parser.parse_args(argv)
+    ensure_hugepages()
     results = run(args.quick)
     print(format_table(results))
     for r in results:

@@ -13,7 +13,7 @@ import importlib
 import pkgutil
 
 import benchmarks
-from benchmarks.common import Result, format_table, write_json
+from benchmarks.common import Result, ensure_hugepages, format_table, write_json
 
 
 def case_modules() -> list[str]:
@@ -35,9 +35,13 @@ def run_all(quick: bool = False, only: str | None = None, progress=None) -> list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--no-hugepages", action="store_true",
+                        help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+                             "(see benchmarks.common.ensure_hugepages)")
     parser.add_argument("--only", help="run only case modules whose name contains this")
     parser.add_argument("--json", default="benchmarks/results/ops.json")
     args = parser.parse_args(argv)
+    ensure_hugepages()
     results = run_all(args.quick, args.only, progress=lambda n: print(f"running {n} ...", flush=True))
     print(format_table(results))
     if args.json:

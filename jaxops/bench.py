@@ -78,8 +78,11 @@ def plot_ratios(results, path: str) -> str | None:
 
 
 def main(quick: bool = False, json_path: str | None = None, png_path: str | None = None,
-         only: str | None = None) -> int:
+         only: str | None = None, hugepages: bool = True) -> int:
     ops_module, common = _import_benchmarks()
+    if hugepages:
+        common.ensure_hugepages()
+    print(f"GLIBC huge pages for large buffers: {'on' if common.hugepages_enabled() else 'off'}")
     modules = _modules(ops_module, only)
     if not modules:
         raise BenchmarksNotFound(f"no benchmark module matches {only!r}")

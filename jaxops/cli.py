@@ -74,7 +74,8 @@ def cmd_golden(args, extra: list[str]) -> int:
 def cmd_bench(args) -> int:
     from jaxops import bench
 
-    return bench.main(quick=args.quick, json_path=args.json, png_path=args.png, only=args.only)
+    return bench.main(quick=args.quick, json_path=args.json, png_path=args.png, only=args.only,
+                      hugepages=not args.no_hugepages)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="benchmarks/results/bench.json", help="where to write JSON")
     p.add_argument("--png", default="benchmarks/results/bench.png",
                    help="where to write the bar chart (needs matplotlib)")
+    p.add_argument("--no-hugepages", action="store_true",
+                   help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which gives "
+                        "XLA's large CPU buffers the huge pages numpy uses")
     return parser
 
 

@@ -111,11 +111,13 @@ def test_demo_quick(capsys):
 
 
 def test_bench_quick_nms_only(tmp_path, capsys):
-    code, out, _ = run(["bench", "--quick", "--only", "nms", "--json", str(tmp_path / "b.json"),
+    code, out, _ = run(["bench", "--quick", "--no-hugepages", "--only", "nms",
+                        "--json", str(tmp_path / "b.json"),
                         "--png", str(tmp_path / "b.png")], capsys)
     assert code == 0 and "ratio" in out
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["results"] and all(r["ratio"] > 0 for r in data["results"])
+    assert data["meta"]["glibc_hugepages"] is False and "huge pages for large buffers: off" in out
 
 
 def test_python_dash_m_entry_point():
