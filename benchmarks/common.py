@@ -120,3 +120,15 @@ def write_json(results: list[Result], path: str) -> None:
             "glibc_hugepages": hugepages_enabled(), "cpus": os.cpu_count()}
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [r.as_dict() for r in results]}, f, indent=2)
+
+
+def report(results: list[Result], json_path: str | None) -> None:
+    """Prints the ratio table (and each case's note), then writes the JSON when asked."""
+    print(format_table(results))
+    for r in results:
+        if r.note:
+            print(f"  {r.name} vs {r.peer}: {r.note}")
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        write_json(results, json_path)
+        print(f"wrote {json_path}")

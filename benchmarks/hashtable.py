@@ -14,14 +14,13 @@ table of 2M slots at load 0.5, embedding dim 8, batches of 1M keys, on this mach
 from __future__ import annotations
 
 import argparse
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare, ensure_hugepages, format_table, write_json
+from benchmarks.common import Result, compare, ensure_hugepages, report
 
 
 def _words(keys: np.ndarray) -> ht.Words64:
@@ -90,15 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="benchmarks/results/hashtable.json")
     args = parser.parse_args(argv)
     ensure_hugepages()
-    results = run(args.quick)
-    print(format_table(results))
-    for r in results:
-        if r.note:
-            print(f"  {r.name} vs {r.peer}: {r.note}")
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        write_json(results, args.json)
-        print(f"wrote {args.json}")
+    report(run(args.quick), args.json)
     return 0
 
 

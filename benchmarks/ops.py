@@ -13,7 +13,7 @@ import importlib
 import pkgutil
 
 import benchmarks
-from benchmarks.common import Result, ensure_hugepages, format_table, write_json
+from benchmarks.common import Result, ensure_hugepages, report
 
 
 def case_modules() -> list[str]:
@@ -43,12 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ensure_hugepages()
     results = run_all(args.quick, args.only, progress=lambda n: print(f"running {n} ...", flush=True))
-    print(format_table(results))
-    if args.json:
-        import os
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        write_json(results, args.json)
-        print(f"wrote {args.json}")
+    report(results, args.json)
     return 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 import jaxops.hashtable as ht
-from jaxops.demo.embedding import BATCH, DIM, synthetic_clicks
+from jaxops.demo.embedding import DIM, synthetic_clicks
 
 HIDDEN = 16
 STEPS_PER_CHUNK = 40

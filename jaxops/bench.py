@@ -91,11 +91,7 @@ def main(quick: bool = False, json_path: str | None = None, png_path: str | None
         _progress(i, len(modules), name.split(".")[-1], started)
         results.extend(importlib.import_module(name).run(quick))
     _progress(len(modules), len(modules), "done", started)
-    print(common.format_table(results))
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        common.write_json(results, json_path)
-        print(f"wrote {json_path}")
+    common.report(results, json_path)
     if png_path and plot_ratios(results, png_path):
         print(f"wrote {png_path}")
     return 0
