@@ -127,3 +127,23 @@ def test_expand_compilations_are_bounded():
             for x, k in zip(xs, counts):
                 assert int(op(x).numel()) == k
         assert 0 < compiles.count <= bound, compiles.count
+
+
+def test_record_eagerly_and_inside_jit():
+    from tracing import capacity
+
+    capacity.clear_stats()
+    x = np.zeros((4, 5))
+    x[0, :3] = 1
+    jaxops.nonzero(x, record=True)
+    jaxops.nonzero(x, size=2, overflow="truncate", record="nz-site")   # records the need: 3
+    jax.jit(lambda x: jaxops.nonzero(x, transpose=True, record="nz-site"))(x * 0 + 1)
+    boxes, scores, rows = _edge_images()
+    jax.jit(lambda b, s: jaxops.non_max_suppression(b, s, 4, 0.5, size=5, record="nms"))(boxes, scores)
+    jaxops.unique(np.arange(6).reshape(3, 2) % 2, axis=1, record="u")
+    jax.effects_barrier()
+    assert capacity.get_stats("NonZero[(4, 5)]").sizes.tolist() == [3]
+    assert sorted(capacity.get_stats("nz-site").sizes.tolist()) == [3, 20]
+    assert capacity.get_stats("nms").sizes.tolist() == [len(rows)]
+    assert capacity.get_stats("nms").theoretical_max == 8 * 4
+    assert capacity.get_stats("u").sizes.tolist() == [2]

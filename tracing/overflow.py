@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -109,14 +109,34 @@ def reset_warnings() -> None:
 
 
 def run_with_policy(run: Callable[[int | None, str | None], Any], *, op: str, size: int | None,
-                    theoretical_max: int, policy: str) -> Any:
+                    theoretical_max: int, policy: str, record: bool | str = False,
+                    input_shapes: Sequence[Sequence[int]] = (), capacity_axis: int = 0) -> Any:
     """Runs ``run(size, backend)`` and applies ``policy`` when its output overflowed.
 
     ``run`` returns a pytree whose DynArrays carry ``true_shape`` (the capacity is the dim
     where it exceeds ``actual_shape``). Inside jit (traced results) the result is returned
     as is: the flag travels with it.
+
+    ``record``: also record the size the call needed (its first DynArray's true size along
+    ``capacity_axis``) in :mod:`tracing.capacity` — under the given name, or for ``True``
+    under :func:`~tracing.capacity.site_key` of ``op`` and ``input_shapes``. Eagerly on the
+    host; inside jit through an unordered ``io_callback``.
     """
     check_policy(op, policy)
+    result = _policy(run, op, size, theoretical_max, policy)
+    if record:
+        from tracing import capacity
+
+        name = record if isinstance(record, str) else capacity.site_key(op, input_shapes)
+        first = _dyns(result)[0]
+        if _is_traced(result):
+            capacity.record_in_jit(name, first, axis=capacity_axis, theoretical_max=theoretical_max)
+        else:
+            capacity.record_tree(name, first, axis=capacity_axis, theoretical_max=theoretical_max)
+    return result
+
+
+def _policy(run, op: str, size: int | None, theoretical_max: int, policy: str) -> Any:
     result = run(size, None)
     if size is None or size >= theoretical_max or _is_traced(result):
         return result

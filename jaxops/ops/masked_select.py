@@ -118,8 +118,8 @@ def _masked_select_fast(x, mask, *, size):
 
 
 def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
-                  overflow: str = "expand", impl_mode: OpImplMode | str | None = None,
-                  backend: str | None = None) -> DynArray:
+                  overflow: str = "expand", record: bool | str = False,
+                  impl_mode: OpImplMode | str | None = None, backend: str | None = None) -> DynArray:
     """Elements of ``x`` where ``mask`` is set, in row-major order (op "MaskedSelect").
 
     Args:
@@ -137,6 +137,9 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
         (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
         capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
         warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
+        under the operator and input shapes; a string: under that call-site name), on the
+        host or, inside jit, through an unordered ``io_callback``.
       backend: kernel backend (default: automatic).
 
     Returns:
@@ -157,4 +160,5 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
                              backend=rerun_backend or backend)[0]
 
     total = math.prod(_broadcast_shape(np.shape(x), np.shape(mask)))
-    return run_with_policy(run, op="MaskedSelect", size=size, theoretical_max=total, policy=overflow)
+    return run_with_policy(run, op="MaskedSelect", size=size, theoretical_max=total, policy=overflow,
+                           record=record, input_shapes=[np.shape(x), np.shape(mask)])

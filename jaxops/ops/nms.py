@@ -182,7 +182,8 @@ NON_MAX_SUPPRESSION.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
 def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_per_class: int = 0,
                         iou_threshold: float = 0.0, score_threshold: float | None = None, *,
                         center_point_box: int = 0, size: int | None = None,
-                        overflow: str = "truncate", impl_mode: str | OpImplMode | None = None,
+                        overflow: str = "truncate", record: bool | str = False,
+                        impl_mode: str | OpImplMode | None = None,
                         backend: str | None = None) -> DynArray:
     """ONNX NonMaxSuppression (opset 11), as ONNX Runtime's CPU kernel computes it.
 
@@ -205,6 +206,9 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         (:mod:`tracing.overflow`): ``"truncate"`` (default: keep the best, warn once per
         call site), ``"error"``, ``"expand"`` (rerun at the next power-of-two capacity) or
         ``"host"``. Inside jit the flag travels with the result instead.
+      record: record the number of rows this call needed in :mod:`tracing.capacity` (``True``:
+        under the operator and input shapes; a string: under that call-site name), on the
+        host or, inside jit, through an unordered ``io_callback``.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
       backend: ``"xla"``, ``"host"`` or ``"ascend"`` (default: automatic).
 
@@ -231,7 +235,8 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
     per_class = min(n, max_output_boxes_per_class) if isinstance(
         max_output_boxes_per_class, (int, np.integer)) else n
     return run_with_policy(run, op="NonMaxSuppression", size=size,
-                           theoretical_max=b * c * per_class, policy=overflow)
+                           theoretical_max=b * c * per_class, policy=overflow, record=record,
+                           input_shapes=[np.shape(boxes), np.shape(scores)])
 
 
 def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,

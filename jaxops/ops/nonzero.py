@@ -85,7 +85,8 @@ def _nonzero_xla(x, *, size, transpose):
 
 
 def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
-            overflow: str = "expand", backend: str | None = None) -> DynArray:
+            overflow: str = "expand", record: bool | str = False,
+            backend: str | None = None) -> DynArray:
     """Indices of the non-zero elements of ``x``, in row-major order (op "NonZero").
 
     Args:
@@ -102,6 +103,9 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
         (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
         capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
         warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
+        under the operator and input shapes; a string: under that call-site name), on the
+        host or, inside jit, through an unordered ``io_callback``.
       backend: kernel backend (default: automatic).
 
     Returns:
@@ -118,7 +122,8 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
         return NONZERO(x, size=capacity, transpose=transpose, backend=rerun_backend or backend)[0]
 
     return run_with_policy(run, op="NonZero", size=size, theoretical_max=math.prod(np.shape(x)),
-                           policy=overflow)
+                           policy=overflow, record=record, input_shapes=[np.shape(x)],
+                           capacity_axis=0 if transpose else 1)
 
 
 def argwhere(x: jax.Array, *, size: int | None = None, overflow: str = "expand",

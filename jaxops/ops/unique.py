@@ -229,7 +229,7 @@ def _returns(y, extras):
 
 def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: int | None = None,
            return_index: bool = False, return_inverse: bool = False, return_counts: bool = False,
-           overflow: str = "expand", backend: str | None = None):
+           overflow: str = "expand", record: bool | str = False, backend: str | None = None):
     """Unique values of ``x`` (or unique slices along ``axis``) (op "Unique", ONNX semantics).
 
     Args:
@@ -248,6 +248,9 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
         (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
         capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
         warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
+        under the operator and input shapes; a string: under that call-site name), on the
+        host or, inside jit, through an unordered ``io_callback``.
       backend: kernel backend (default: automatic).
 
     Returns:
@@ -273,16 +276,18 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
 
     y, indices, inverse, counts = run_with_policy(
         run, op="Unique", size=size, theoretical_max=_max_shapes("Unique", np.shape(x), None, axis)[1],
-        policy=overflow)
+        policy=overflow, record=record, input_shapes=[np.shape(x)],
+        capacity_axis=_axis("Unique", np.shape(x), axis) or 0)
     return _returns(y, [(return_index, indices), (return_inverse, inverse), (return_counts, counts)])
 
 
 def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | None = None,
                        return_inverse: bool = False, return_counts: bool = False,
-                       overflow: str = "expand", backend: str | None = None):
+                       overflow: str = "expand", record: bool | str = False,
+                       backend: str | None = None):
     """Collapses runs of equal consecutive values (or slices along ``axis``).
 
-    Same equality rules, capacity contract, ``overflow`` policies and padding as
+    Same equality rules, capacity contract, ``overflow`` and ``record`` and padding as
     :func:`unique`; the outputs are
     ``torch.unique_consecutive``'s: ``y`` (first item of each run), ``inverse`` (run id of
     every element, plain array, -1 where the run was cut) and ``counts`` (run lengths).
@@ -301,5 +306,7 @@ def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | Non
 
     y, inverse, counts = run_with_policy(
         run, op="UniqueConsecutive", size=size,
-        theoretical_max=_max_shapes("UniqueConsecutive", np.shape(x), None, axis)[1], policy=overflow)
+        theoretical_max=_max_shapes("UniqueConsecutive", np.shape(x), None, axis)[1], policy=overflow,
+        record=record, input_shapes=[np.shape(x)],
+        capacity_axis=_axis("UniqueConsecutive", np.shape(x), axis) or 0)
     return _returns(y, [(return_inverse, inverse), (return_counts, counts)])
