@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) -m jaxops demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 bench: $(STAMP)
 	$(PY) -m jaxops bench
