@@ -3,6 +3,8 @@
 >>> import jax.numpy as jnp, jaxops
 >>> jaxops.refresh(jaxops.DynArray(jnp.arange(4), [2])).tolist()
 [0, 1]
+>>> jaxops.refresh(jaxops.nonzero(jnp.array([0, 7, 0, 9]))).tolist()
+[[1, 3]]
 """
 
 from jaxops.core.dtypes import DataType
@@ -16,37 +18,21 @@ from jaxops.core.tensor_desc import TensorDesc
 import jaxops.ops  # noqa: E402,F401  (registers every operator)
 import jaxops.backends.host_kernels  # noqa: E402,F401  (host kernels of those operators)
 import jaxops.backends.ascend_ops  # noqa: E402,F401  (their Ascend aclnn kernels)
+from jaxops import backends, hashtable  # noqa: E402,F401
 from jaxops.backends import use_backend  # noqa: E402
+from jaxops.ops.efficient_nms import efficient_nms  # noqa: E402
+from jaxops.ops.masked_select import masked_select  # noqa: E402
+from jaxops.ops.nms import batched_nms, nms, non_max_suppression  # noqa: E402
+from jaxops.ops.nonzero import argwhere, flatnonzero, nonzero  # noqa: E402
+from jaxops.ops.unique import unique, unique_consecutive  # noqa: E402
+from tracing.overflow import check_overflow  # noqa: E402
 
 __version__ = "0.1.0"
 
-# Public functions that live in operator modules, resolved on first access.
-_LAZY_EXPORTS = {
-    "nonzero": "jaxops.ops.nonzero",
-    "argwhere": "jaxops.ops.nonzero",
-    "flatnonzero": "jaxops.ops.nonzero",
-    "unique": "jaxops.ops.unique",
-    "unique_consecutive": "jaxops.ops.unique",
-    "masked_select": "jaxops.ops.masked_select",
-    "non_max_suppression": "jaxops.ops.nms",
-    "nms": "jaxops.ops.nms",
-    "batched_nms": "jaxops.ops.nms",
-    "efficient_nms": "jaxops.ops.nms",
-    "check_overflow": "tracing.overflow",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY_EXPORTS.get(name)
-    if module is None:
-        if name == "hashtable":
-            import importlib
-            return importlib.import_module("jaxops.hashtable")
-        raise AttributeError(f"module 'jaxops' has no attribute {name!r}")
-    import importlib
-    return getattr(importlib.import_module(module), name)
-
 __all__ = [
     "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",
-    "get_op", "impl_mode", "list_ops", "refresh", "register_op", "use_backend",
+    "argwhere", "backends", "batched_nms", "check_overflow", "efficient_nms", "flatnonzero",
+    "get_op", "hashtable", "impl_mode", "list_ops", "masked_select", "nms",
+    "non_max_suppression", "nonzero", "refresh", "register_op", "unique",
+    "unique_consecutive", "use_backend",
 ]

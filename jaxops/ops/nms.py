@@ -359,12 +359,3 @@ def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_thresh
     return BATCHED_NMS(boxes, scores, idxs, iou_threshold=iou_threshold,
                        max_output_size=max_output_size, score_threshold=score_threshold,
                        impl_mode=impl_mode)[0]
-
-
-def __getattr__(name: str):
-    # jaxops.efficient_nms resolves through this module; importing it lazily avoids a cycle
-    # (efficient_nms.py builds on the attrs defined here).
-    if name == "efficient_nms":
-        from jaxops.ops.efficient_nms import efficient_nms
-        return efficient_nms
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
