@@ -171,3 +171,18 @@ def test_host_kernel_gradient_comes_from_xla():
     g_host = jax.grad(loss("host"))(X)
     chex.assert_trees_all_close(g_host, jax.grad(loss("xla"))(X))
     chex.assert_trees_all_close(g_host, np.array([1.0, 0, 4.0, 0, 0], np.float32))
+
+
+def test_every_public_operator_takes_backend():
+    import inspect
+
+    for fn in (jaxops.nonzero, jaxops.argwhere, jaxops.flatnonzero, jaxops.unique,
+               jaxops.unique_consecutive, jaxops.masked_select, jaxops.non_max_suppression,
+               jaxops.nms, jaxops.batched_nms, jaxops.efficient_nms):
+        assert "backend" in inspect.signature(fn).parameters, fn.__name__
+    boxes = np.array([[0, 0, 1, 1], [0, 0, 1, 1.1], [3, 3, 4, 4]], np.float32)
+    scores = np.array([0.9, 0.8, 0.7], np.float32)
+    for backend in ("xla", "host"):
+        assert jaxops.refresh(jaxops.nms(boxes, scores, 0.5, backend=backend)).tolist() == [0, 2]
+        kept = jaxops.batched_nms(boxes, scores, np.array([0, 1, 0]), 0.5, backend=backend)
+        assert jaxops.refresh(kept).tolist() == [0, 1, 2]

@@ -122,7 +122,8 @@ def _kernel(boxes, scores, **attrs):
 def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
                   iou_threshold: float, score_threshold: float, class_agnostic: bool = False,
                   box_coding: int = 0, pre_nms_top_k: int = 4096,
-                  impl_mode: str | OpImplMode | None = None) -> EfficientNMSOutput:
+                  impl_mode: str | OpImplMode | None = None,
+                  backend: str | None = None) -> EfficientNMSOutput:
     """TensorRT EfficientNMS-style NMS with a count port (semantics: module docstring).
 
     Args:
@@ -137,6 +138,7 @@ def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
       pre_nms_top_k: candidates that enter NMS (TensorRT fixes 4096).
       impl_mode: accepted for uniformity; only ``high_precision`` exists (a
         ``high_performance`` request runs it).
+      backend: ``"xla"`` or ``"host"`` (default: automatic).
 
     Returns:
       :class:`EfficientNMSOutput` ``(num_detections [B, 1] int32, detection_boxes [B, K, 4],
@@ -156,4 +158,4 @@ def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
     return EfficientNMSOutput(*EFFICIENT_NMS(
         boxes, scores, max_output_boxes=max_output_boxes, iou_threshold=iou_threshold,
         score_threshold=score_threshold, class_agnostic=class_agnostic, box_coding=box_coding,
-        pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode))
+        pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode, backend=backend))

@@ -241,7 +241,7 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
 
 def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
         max_output_size: int | None = None, score_threshold: float | None = None,
-        impl_mode: str | OpImplMode | None = None) -> DynArray:
+        impl_mode: str | OpImplMode | None = None, backend: str | None = None) -> DynArray:
     """torchvision-compatible single-class NMS.
 
     Args:
@@ -252,7 +252,7 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
       max_output_size: keep at most this many (the first ones by score, as TensorFlow's
         ``max_output_size``); ``None`` keeps all. It is a selection limit, not a capacity.
       score_threshold: only scores strictly greater are candidates (``None``: all).
-      impl_mode: see :func:`non_max_suppression`.
+      impl_mode, backend: see :func:`non_max_suppression`.
 
     Returns:
       DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score, padded
@@ -270,7 +270,7 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
     rows = non_max_suppression(
         jnp.asarray(boxes)[None], jnp.asarray(scores)[None, None],
         n if max_output_size is None else _limit("nms", max_output_size), iou_threshold,
-        score_threshold, impl_mode=impl_mode)
+        score_threshold, impl_mode=impl_mode, backend=backend)
     return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=-1)
 
 
@@ -335,11 +335,11 @@ BATCHED_NMS.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
 
 def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_threshold: float, *,
                 max_output_size: int | None = None, score_threshold: float | None = None,
-                impl_mode: str | OpImplMode | None = None) -> DynArray:
+                impl_mode: str | OpImplMode | None = None, backend: str | None = None) -> DynArray:
     """torchvision-compatible ``batched_nms``: NMS independently within each class id.
 
     Args:
-      boxes, scores, iou_threshold, max_output_size, score_threshold, impl_mode: as
+      boxes, scores, iou_threshold, max_output_size, score_threshold, impl_mode, backend: as
         :func:`nms` (``max_output_size`` limits the total over all classes).
       idxs: ``[N]`` integer class id of each box; boxes of different ids never suppress
         each other.
@@ -358,4 +358,4 @@ def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_thresh
     _single_class_shapes("batched_nms", boxes, scores, idxs)
     return BATCHED_NMS(boxes, scores, idxs, iou_threshold=iou_threshold,
                        max_output_size=max_output_size, score_threshold=score_threshold,
-                       impl_mode=impl_mode)[0]
+                       impl_mode=impl_mode, backend=backend)[0]
