@@ -39,16 +39,22 @@ def capacities(n: int, shrink: int = 4, min_lanes: int = 512) -> list[int]:
 
 
 def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 4,
-          min_lanes: int = 512) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
+          min_lanes: int = 512, peel: bool = False) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
     """Runs ``step(lanes, active, carry) -> (lanes, active, carry)`` until no lane is active.
 
     ``lanes`` is a dict of arrays with one leading entry per lane. A lane never becomes
     active again by itself, but ``step`` may hand it new work (``active`` stays True).
+    ``step`` must leave inactive lanes as they are.
+
+    Args:
+        peel: run the first step outside any loop (one fused pass over the batch); the
+            first stage's loop then runs only while too many lanes are still active, so when
+            one step settles almost every lane the full-width loop never iterates.
 
     Returns:
         ``(carry, stages)``: ``stages`` holds, per stage, the lanes as they were when the
         stage ended and the mask of lanes that retired during it; a caller that keeps
-        per-lane results reads them there (the first stage's lanes are in input order).
+        per-lane results reads them there with :func:`retired_values`.
     """
     caps = capacities(int(active.shape[0]), shrink, min_lanes)
     stages = []
@@ -59,7 +65,10 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
         def more(state, nxt=nxt):
             return jnp.sum(state[1], dtype=jnp.int32) > nxt
 
-        lanes, active, carry = jax.lax.while_loop(more, lambda s: step(*s), (lanes, active, carry))
+        state = (lanes, active, carry)
+        if k == 0 and peel:
+            state = step(*state)  # the loop below checks ``more`` before its first step
+        lanes, active, carry = jax.lax.while_loop(more, lambda s: step(*s), state)
         stages.append((lanes, entered & ~active))
         if nxt:
             names = list(lanes)
@@ -70,17 +79,22 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
     return carry, stages
 
 
-def scatter_retired(result: jax.Array, stages: list[tuple[Lanes, jax.Array]], field: str,
-                    id_field: str = "id") -> jax.Array:
-    """Writes each retired lane's ``field`` into ``result`` at the lane's ``id_field``.
+def retired_values(stages: list[tuple[Lanes, jax.Array]], field: str, id_field: str = "id"
+                   ) -> jax.Array:
+    """Each input lane's ``field`` as it was when the lane retired (``[N, ...]``).
 
-    The first stage's lanes are still in input order, so it is a select, not a scatter.
+    The first stage's lanes are in input order and hold the value of every lane that
+    retired there or was never active; the lanes that moved on are overwritten from the
+    later stages, where each retired (one scatter for all of them).
     """
-    for k, (lanes, retired) in enumerate(stages):
-        if k == 0:  # the first stage's lane k is input lane k
-            result = jnp.where(retired.reshape(retired.shape + (1,) * (result.ndim - 1)),
-                               lanes[field], result)
-        else:
-            where = jnp.where(retired, lanes[id_field], result.shape[0])
-            result = result.at[where].set(lanes[field], mode="drop")
+    result = stages[0][0][field]
+    if len(stages) > 1:
+        later = stages[1:]
+        ids = jnp.concatenate([lanes[id_field] for lanes, _ in later])
+        retired = jnp.concatenate([retired for _, retired in later])
+        # Lanes that did not retire point past the end, each at its own index, so the
+        # indices stay unique and the scatter may say so.
+        where = jnp.where(retired, ids, result.shape[0] + jnp.arange(ids.shape[0], dtype=ids.dtype))
+        values = jnp.concatenate([lanes[field] for lanes, _ in later])
+        result = result.at[where].set(values, mode="drop", unique_indices=True)
     return result
