@@ -40,6 +40,22 @@ def test_constructor_checks_rank():
         DynArray(jnp.zeros((2, 3)), [2])
 
 
+@pytest.mark.parametrize("bad", [[-1], [4], np.array([7])])
+def test_constructor_and_from_wire_check_host_dims(bad):
+    with pytest.raises(ValueError, match=r"DynArray: argument 'actual_shape'.*\[0, max\]"):
+        DynArray(jnp.arange(3), bad)
+    with pytest.raises(ValueError, match=r"DynArray.from_wire: argument 'actual_shape'"):
+        DynArray.from_wire(jnp.arange(3), (3,), bad)
+
+
+def test_refresh_rejects_a_device_shape_outside_the_max():
+    bad = DynArray(jnp.arange(3), jnp.array([-1]))  # device values are not checked eagerly
+    with pytest.raises(ValueError, match=r"refresh: .*outside its max shape"):
+        refresh(bad)
+    batched = DynArray(jnp.zeros((2, 3)), np.array([[1], [2]]))  # host values, batched: fine
+    assert [r.shape for r in refresh(batched)] == [(1,), (2,)]
+
+
 def test_true_shape_reports_overflow():
     d = DynArray(jnp.zeros(4), [4], true_shape=[9])
     assert bool(d.overflowed()) and int(d.lost()) == 5

@@ -137,3 +137,35 @@ def test_data_dependent_launch_without_outshape_returns_dynarrays():
     r = launch(SELECT, OP_INPUT(jnp.array([1.0, -1.0])), OP_ATTR(size=1))
     assert isinstance(r.outputs[0], DynArray) and r.outshape is None
     assert tracing.cache_info().abandoned == 0
+
+
+def _matmul_op():
+    from jaxops.core.dtypes import FLOATING
+    from jaxops.core.registry import Input, OpDef, Output, get_op, list_ops, register_op
+    if "TestMatMul" in list_ops():
+        return get_op("TestMatMul")
+    op = register_op(OpDef(name="TestMatMul", inputs=[Input("a", FLOATING), Input("b", FLOATING)],
+                           outputs=[Output("y", FLOATING)], doc="a @ b; registered by the tests"))
+    op.kernel("xla")(lambda a, b: (a @ b,))
+    return op
+
+
+def test_hf32_exec_mode_compiles_with_lower_matmul_precision():
+    from tracing import executor
+    _matmul_op()
+    a = jnp.ones((4, 4), jnp.float32)
+    launch("TestMatMul", OP_INPUT(a), OP_INPUT(a))
+    launch("TestMatMul", OP_INPUT(a), OP_INPUT(a), OP_MODE(OpExecMode.HF32))
+    default, hf32 = (c.as_text() for c in executor._cache.values())
+    assert "operand_precision" not in default  # XLA's default: the backend's fastest
+    assert "operand_precision={high,high}" in hf32  # tensorfloat32 lowers to HIGH
+
+
+def test_x64_setting_is_part_of_the_key():
+    import jax
+    x = np.array([0, 3, 0, 5], np.int32)  # the same aval with x64 off and on
+    narrow = launch("NonZero", OP_INPUT(x))
+    with jax.enable_x64(True):
+        wide = launch("NonZero", OP_INPUT(x))
+    assert not wide.cache_hit and tracing.cache_info().compiles == 2
+    assert narrow.outputs[0].data.dtype == np.int32 and wide.outputs[0].data.dtype == np.int64

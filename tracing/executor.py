@@ -2,7 +2,8 @@
 
 The steps follow opbase's executor: validate against the OpDef, infer max shapes
 (INFER_SHAPE), select the impl mode from OP_OPTION, look the compiled kernel up in a cache
-keyed by (op, input avals, attrs, impl-mode index char, exec mode, backend), run it, and —
+keyed by (op, input avals, attrs, impl-mode index char, exec mode, backend, x64 and matmul
+precision settings), run it, and —
 when the launch carries OP_OUTSHAPE pairs — let the kernel write the shape tensor, sync it to
 the host and refresh the outputs to their exact shapes. Such launches are counted as
 *cache-abandoned*: the compiled kernel is reused, output shapes never are.
@@ -162,7 +163,7 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     if op.infer_shape is not None:
         _check_outputs(op, ctx.outputs, op.infer(inputs, attrs))
     mode = op.select_mode(ctx.impl_mode)
-    chosen = select_backend(op, backend)
+    chosen = select_backend(op, backend, inputs=inputs, attrs=attrs)  # as a direct call
     kernel = op.get_kernel(chosen, mode)
     pairs = list(ctx.outshape)
     tensor = pairs[0][0] if pairs else None
@@ -171,7 +172,8 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
         raise OutshapeError(f"{op.name}: the OP_OUTSHAPE tensor has {np.size(tensor)} words; "
                             f"{len(pairs)} outputs need {SLOT_WORDS * len(pairs)}")
     key = (op.name, _avals(inputs), _freeze(attrs), to_index_char(mode), int(ctx.exec_mode),
-           chosen, tuple(i for _, i in pairs), str(word_dtype), uint64_flag)
+           chosen, tuple(i for _, i in pairs), str(word_dtype), uint64_flag,
+           bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision))
     with _lock:
         compiled = _cache.get(key)
         hit = compiled is not None

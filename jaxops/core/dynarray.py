@@ -49,6 +49,22 @@ def _row_major_strides(shape: jax.Array) -> list[jax.Array]:
     return strides
 
 
+def _on_host(shape: Any) -> bool:
+    """Whether ``shape`` is host data (numpy or Python ints), checkable without a device sync."""
+    if isinstance(shape, np.ndarray):
+        return True
+    return isinstance(shape, (list, tuple)) and all(
+        isinstance(d, (int, np.integer)) or (isinstance(d, (list, tuple)) and _on_host(d))
+        for d in shape)
+
+
+def _check_dims(op: str, arg: str, dims: np.ndarray, max_shape: tuple[int, ...]) -> None:
+    """Raises unless every (batched) actual shape in ``dims`` lies within ``[0, max_shape]``."""
+    if dims.shape[-1:] == (len(max_shape),) and not np.all((dims >= 0) & (dims <= max_shape)):
+        raise ValueError(f"{op}: argument '{arg}': expected dims in [0, max] with max shape "
+                         f"{max_shape}, got {dims.tolist()}")
+
+
 @jax.tree_util.register_pytree_node_class
 class DynArray:
     """A max-shape buffer plus its actual (traced) shape. See the module docstring."""
@@ -57,12 +73,16 @@ class DynArray:
 
     def __init__(self, data, actual_shape, *, true_shape=None, fill_value: Any = 0):
         data = data if isinstance(data, (jax.Array, np.ndarray)) else jnp.asarray(data)
+        given = actual_shape
         actual_shape = jnp.asarray(actual_shape, jnp.int32)
         batch_ndim = actual_shape.ndim - 1
         if actual_shape.ndim == 0 or data.ndim - batch_ndim != actual_shape.shape[-1] \
                 or data.shape[:batch_ndim] != actual_shape.shape[:-1]:
             raise ValueError(f"DynArray: argument 'actual_shape': expected one entry per axis of "
                              f"data {tuple(data.shape)}, got shape {tuple(actual_shape.shape)}")
+        if _on_host(given):  # checked here; traced and device shapes are checked where used
+            _check_dims("DynArray", "actual_shape", np.asarray(given, np.int64),
+                        tuple(data.shape[batch_ndim:]))
         self.data = data
         self.actual_shape = actual_shape
         self.true_shape = None if true_shape is None else jnp.asarray(true_shape, jnp.int32)
@@ -97,6 +117,9 @@ class DynArray:
             raise ValueError(f"DynArray.from_wire: argument 'buffer': expected "
                              f"{math.prod(max_shape)} elements (max shape {max_shape}), "
                              f"got {buffer.shape[0]}")
+        if _on_host(actual_shape):
+            _check_dims("DynArray.from_wire", "actual_shape", np.asarray(actual_shape, np.int64),
+                        max_shape)
         actual = jnp.asarray(actual_shape, jnp.int32)
         if not max_shape:
             return cls(buffer.reshape(()), actual, fill_value=fill_value)

@@ -28,6 +28,9 @@ def exact(data: np.ndarray, actual: np.ndarray, batch_ndim: int):
     """Slices a fetched max-shape buffer to its actual shape (a nested list when batched)."""
     if batch_ndim:
         return [exact(data[i], actual[i], batch_ndim - 1) for i in range(data.shape[0])]
+    if np.any(actual < 0) or np.any(actual > data.shape):
+        raise ValueError(f"refresh: a DynArray's actual shape {actual.tolist()} is outside its "
+                         f"max shape {data.shape} (expected dims in [0, max])")
     return data[tuple(slice(0, int(a)) for a in actual)]
 
 
