@@ -152,3 +152,18 @@ def test_grad_padding_gets_zero():
 def test_repr_mentions_shapes():
     r = repr(DynArray(jnp.zeros(3), [1]))
     assert "max_shape=(3,)" in r and "actual_shape" in r
+
+
+def test_nan_fill_value_does_not_retrace_and_passes_cond():
+    traces = []
+
+    @jax.jit
+    def f(d):
+        traces.append(1)
+        return jax.lax.cond(d.actual_shape[0] > 1, lambda d: d, lambda d: d, d)
+
+    d = DynArray(jnp.array([1.0, 2.0, jnp.nan]), [2], fill_value=float("nan"))
+    for _ in range(3):
+        out = f(d)
+    assert len(traces) == 1 and np.isnan(out.fill_value)
+    chex.assert_trees_all_equal(refresh(out), np.array([1.0, 2.0], np.float32))

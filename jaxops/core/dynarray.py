@@ -49,6 +49,24 @@ def _row_major_strides(shape: jax.Array) -> list[jax.Array]:
     return strides
 
 
+class _Static:
+    """A fill value as pytree metadata, compared bit for bit: a NaN fill equals itself, so
+    jit caches and ``lax.cond`` branches agree on it."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any):
+        self.value = value
+        v = np.asarray(value)
+        self._key = (type(value), v.dtype.str, v.tobytes())
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+
 def _on_host(shape: Any) -> bool:
     """Whether ``shape`` is host data (numpy or Python ints), checkable without a device sync."""
     if isinstance(shape, np.ndarray):
@@ -90,13 +108,13 @@ class DynArray:
 
     # -- pytree ---------------------------------------------------------------------------
     def tree_flatten(self):
-        return (self.data, self.actual_shape, self.true_shape), self.fill_value
+        return (self.data, self.actual_shape, self.true_shape), _Static(self.fill_value)
 
     @classmethod
     def tree_unflatten(cls, fill_value, children):
         obj = object.__new__(cls)  # children may be tracers, None or sentinels: no checks
         obj.data, obj.actual_shape, obj.true_shape = children
-        obj.fill_value = fill_value
+        obj.fill_value = fill_value.value if isinstance(fill_value, _Static) else fill_value
         return obj
 
     # -- construction -----------------------------------------------------------------------
