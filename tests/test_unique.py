@@ -98,7 +98,10 @@ def test_empty_all_equal_and_all_distinct():
     for got, want in [(unique_all(np.zeros((0,), np.float32)), ref_unique(np.zeros(0, np.float32))),
                       (unique_all(np.full(7, 3, np.int32)), ref_unique(np.full(7, 3))),
                       (unique_all(np.arange(9, 0, -1)), ref_unique(np.arange(9, 0, -1))),
-                      (unique_all(np.zeros((3, 0)), axis=0), ref_unique(np.zeros((3, 0)), axis=0))]:
+                      (unique_all(np.zeros((3, 0)), axis=0), ref_unique(np.zeros((3, 0)), axis=0)),
+                      (unique_all(np.zeros((0, 3)), axis=0), ref_unique(np.zeros((0, 3)), axis=0)),
+                      (unique_all(np.zeros((3, 0)), axis=1), ref_unique(np.zeros((3, 0)), axis=1)),
+                      (unique_all(np.zeros((0, 3)), axis=1), ref_unique(np.zeros((0, 3)), axis=1))]:
         assert_same(jaxops.refresh(got), want)
 
 

@@ -125,7 +125,7 @@ class _Items:
         else:
             moved = jnp.moveaxis(x, self.axis, 0)
             self.rest = moved.shape[1:]
-            self.rows = moved.reshape(moved.shape[0], -1)
+            self.rows = moved.reshape(moved.shape[0], math.prod(self.rest))  # -1 fails on 0-size
         self.n = self.rows.shape[0]
         self.keys = sortable_keys(self.rows)  # [n] or [n, slice size]
 

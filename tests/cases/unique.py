@@ -8,6 +8,7 @@ lexicographically. A unique value is the item at its first occurrence.
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def _items(x, axis):
     if axis is None:
         return x.reshape(-1), None
     moved = np.moveaxis(x, axis, 0)
-    return moved.reshape(moved.shape[0], -1), moved.shape[1:]
+    return moved.reshape(moved.shape[0], math.prod(moved.shape[1:])), moved.shape[1:]
 
 
 def _y(x, items, rest, axis, picks):
