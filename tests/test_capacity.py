@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxops
 from jaxops import DynArray
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError
 from tracing import capacity, overflow
@@ -219,3 +220,13 @@ def test_check_overflow_after_jit():
     batched = jax.vmap(f)(jnp.array([[1, 0, 0, 0], [1, 1, 1, 0]]))
     with pytest.raises(CapacityOverflowError):
         overflow.check_overflow(batched)
+    with pytest.raises(CapacityOverflowError, match="^NonZero: "):
+        overflow.check_overflow(bad, op="NonZero")
+
+
+def test_lost_counts_elements_or_results_along_an_axis():
+    x = np.array([[1, 0, 1], [1, 1, 0]])  # 4 non-zeros
+    d = jax.jit(lambda x: jaxops.nonzero(x, size=1))(x)  # [2, 1] of a true [2, 4]
+    assert (int(d.lost()), int(d.lost(axis=1)), int(d.lost(axis=-1))) == (6, 3, 3)
+    with pytest.raises(ValueError, match="DynArray.lost: argument 'axis'"):
+        d.lost(axis=2)

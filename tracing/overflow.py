@@ -154,10 +154,12 @@ def _policy(run, op: str, size: int | None, theoretical_max: int, policy: str) -
     return run(bucket, "host" if policy == "host" else None)
 
 
-def check_overflow(tree: Any, policy: str = "error") -> int:
+def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> int:
     """Host side, after a jitted call: raise (``"error"``) or warn (``"warn"``) when any
-    DynArray in ``tree`` overflowed its capacity. Returns the total number of lost results
-    (elements) over the tree; batched DynArrays are checked example by example."""
+    DynArray in ``tree`` overflowed its capacity. Returns the total number of lost elements
+    over the tree (as :meth:`~jaxops.DynArray.lost` counts them); batched DynArrays are
+    checked example by example. ``op`` names the operator (or pipeline) in the error or
+    warning; a DynArray does not carry it."""
     if policy not in ("error", "warn"):
         raise ValueError(f"check_overflow: argument 'policy': expected 'error' or 'warn', got {policy!r}")
     dyns = [d for d in _dyns(tree) if d.true_shape is not None]
@@ -172,8 +174,8 @@ def check_overflow(tree: Any, policy: str = "error") -> int:
                 first = first or (int(a[over[0]]), int(t[over[0]]))
     if first is None:
         return 0
-    msg = f"outputs overflowed their capacity; {total} results lost in all"
+    msg = f"outputs overflowed their capacity; {total} elements lost in all"
     if policy == "error":
-        raise CapacityOverflowError("check_overflow", first[0], first[1], msg)
-    warn_once(f"check_overflow: {msg} (first: capacity {first[0]}, true size {first[1]})")
+        raise CapacityOverflowError(op or "check_overflow", first[0], first[1], msg)
+    warn_once(f"{op or 'check_overflow'}: {msg} (first: capacity {first[0]}, true size {first[1]})")
     return total

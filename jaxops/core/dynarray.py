@@ -203,11 +203,24 @@ class DynArray:
             return jnp.zeros(self.batch_shape, bool)
         return jnp.any(self.true_shape > self.actual_shape, axis=-1)
 
-    def lost(self) -> jax.Array:
-        """How many results the capacity cut off (0 when none)."""
+    def lost(self, axis: int | None = None) -> jax.Array:
+        """What the capacity cut off (0 when nothing): with ``axis=None`` in elements,
+        ``prod(true_shape) - prod(actual_shape)``; with an ``axis``, in results along it,
+        ``true_shape[axis] - actual_shape[axis]`` (NonZero's ``[rank, n]`` indices: axis 1;
+        NMS's ``[k, 3]`` triples: axis 0).
+
+        >>> d = DynArray(jnp.zeros((2, 3)), [2, 3], true_shape=[2, 5])
+        >>> int(d.lost()), int(d.lost(axis=1))
+        (4, 2)
+        """
         if self.true_shape is None:
             return jnp.zeros(self.batch_shape, jnp.int32)
-        return jnp.prod(self.true_shape, axis=-1) - self.numel()
+        if axis is None:
+            return jnp.prod(self.true_shape, axis=-1) - self.numel()
+        if not -self.ndim <= axis < self.ndim:
+            raise ValueError(f"DynArray.lost: argument 'axis': expected an int in "
+                             f"[{-self.ndim}, {self.ndim}), got {axis}")
+        return self.true_shape[..., axis] - self.actual_shape[..., axis]
 
     # -- functional updates ---------------------------------------------------------------
     def set_actual_shape(self, shape) -> "DynArray":
