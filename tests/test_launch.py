@@ -169,3 +169,23 @@ def test_x64_setting_is_part_of_the_key():
         wide = launch("NonZero", OP_INPUT(x))
     assert not wide.cache_hit and tracing.cache_info().compiles == 2
     assert narrow.outputs[0].data.dtype == np.int32 and wide.outputs[0].data.dtype == np.int64
+
+
+def test_outshape_launch_reports_overflow_and_can_raise():
+    import warnings
+    from jaxops.core.errors import CapacityOverflowError
+    from tracing.overflow import CapacityOverflowWarning
+    x = np.array([0, 3, 0, 5, 7, 1], np.int32)  # 4 non-zeros
+    shape = np.zeros(9, np.int64)
+    fits = launch("NonZero", OP_INPUT(x), OP_ATTR(size=4), OP_OUTSHAPE((shape, 0)))
+    assert fits.true_shapes == fits.actual_shapes == [(1, 4)] and not fits.overflowed
+    with pytest.warns(CapacityOverflowWarning, match=r"NonZero: launch output 0 truncated"):
+        cut = launch("NonZero", OP_INPUT(x), OP_ATTR(size=2), OP_OUTSHAPE((shape, 0)))
+    assert cut.overflowed and cut.true_shapes == [(1, 4)] and cut.outputs[0].shape == (1, 2)
+    with pytest.raises(CapacityOverflowError, match=r"NonZero: output of 4 results does not fit capacity 2"):
+        launch("NonZero", OP_INPUT(x), OP_ATTR(size=2), OP_OUTSHAPE((shape, 0)), overflow="error")
+    with pytest.raises(ValueError, match="launch: argument 'overflow'"):
+        launch("NonZero", OP_INPUT(x), OP_OUTSHAPE((shape, 0)), overflow="expand")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no size attr: nothing to report
+        assert not launch("NonZero", OP_INPUT(x), OP_OUTSHAPE((shape, 0))).overflowed

@@ -29,12 +29,13 @@ import numpy as np
 
 from jaxops.backends import select_backend
 from jaxops.core.dynarray import DynArray
-from jaxops.core.errors import OpArgumentError, OutshapeError
+from jaxops.core.errors import CapacityOverflowError, OpArgumentError, OutshapeError
 from jaxops.core.impl_mode import OpExecMode, OpImplMode, to_index_char
 from jaxops.core.registry import OpDef, get_op
 from jaxops.core.tensor_desc import TensorDesc
 from tracing.args import OpArg, OpArgContext
 from tracing.outshape import SLOT_WORDS, encode, refresh_outputs, to_host_words
+from tracing.overflow import warn_once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,11 @@ class LaunchResult:
     tensor the kernel wrote (numpy, the dtype of the OP_OUTSHAPE tensor), or ``None``.
     ``wire``: with OP_OUTSHAPE, every output's buffer at max shape in wire layout (valid
     data as a contiguous row-major prefix, then fill) — what an Ascend kernel leaves in
-    device memory; ``None`` otherwise.
+    device memory; ``None`` otherwise. ``actual_shapes`` / ``true_shapes``: with
+    OP_OUTSHAPE, per output the shape it has and the one it would have had with unlimited
+    capacity (``None`` for outputs that cannot overflow); :attr:`overflowed` says whether
+    any output was cut. Without OP_OUTSHAPE the
+    DynArrays report it themselves (``overflowed()``, ``lost()``).
     """
 
     outputs: list
@@ -66,6 +71,16 @@ class LaunchResult:
     backend: str
     cache_hit: bool
     wire: list | None = None
+    actual_shapes: list | None = None
+    true_shapes: list | None = None
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether an output's capacity cut results off (OP_OUTSHAPE launches)."""
+        return any(t is not None and t != a for a, t in self._pairs())
+
+    def _pairs(self):
+        return zip(self.actual_shapes or [], self.true_shapes or [])
 
     def __iter__(self):
         return iter(self.outputs)
@@ -151,12 +166,21 @@ def _compile(op: OpDef, kernel, attrs, inputs, pairs, word_dtype, uint64_flag, e
 
 
 def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
-           uint64_flag: bool = False) -> LaunchResult:
+           uint64_flag: bool = False, overflow: str = "truncate") -> LaunchResult:
     """Launches ``op_name`` with CANN-style ``OP_*`` arguments (see the module docstring).
 
     ``uint64_flag`` makes the kernel set bit 31 of each rank word of an int64 shape tensor,
     as Ascend kernels that produce 64-bit shape data do.
+
+    ``overflow``: what an OP_OUTSHAPE launch does when a ``size`` attr left an output short
+    of its true size — ``"truncate"`` (the kernel's behaviour: keep what fits, warn once per
+    operator, report it in :attr:`LaunchResult.true_shapes`) or ``"error"`` (raise
+    :class:`~jaxops.errors.CapacityOverflowError`). The buffers are the caller's, so there
+    is no ``"expand"`` here; the functional API has it.
     """
+    if overflow not in ("truncate", "error"):
+        raise ValueError(f"launch: argument 'overflow': expected 'truncate' or 'error', "
+                         f"got {overflow!r}")
     ctx = OpArgContext(*op_args)
     op = get_op(op_name)
     inputs, attrs = op.check(ctx.inputs, ctx.attrs)
@@ -189,7 +213,8 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
         return LaunchResult(list(_as_tuple(result)), None, mode, chosen, hit)
 
     outs, wire, words = result
-    host_wire, host_words = jax.device_get((wire, words))  # the one sync of the launch
+    shapes = [(o.actual_shape, o.true_shape) if isinstance(o, DynArray) else None for o in outs]
+    host_wire, host_words, shapes = jax.device_get((wire, words, shapes))  # the one sync
     host_wire = [np.asarray(w).reshape(np.shape(o.data) if isinstance(o, DynArray) else np.shape(o))
                  for w, o in zip(host_wire, outs)]
     written = to_host_words(host_words, word_dtype)
@@ -200,4 +225,23 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     final = [refreshed[i] if i in touched else o for i, o in enumerate(outs)]
     with _lock:
         _stats["abandoned"] += 1
-    return LaunchResult(final, written, mode, chosen, hit, host_wire)
+    def dims(s):
+        return None if s is None else tuple(int(d) for d in s)
+
+    actual = [dims(s[0]) if s is not None else np.shape(o) for s, o in zip(shapes, outs)]
+    true = [dims(s[1]) if s is not None else None for s in shapes]
+    launched = LaunchResult(final, written, mode, chosen, hit, host_wire, actual, true)
+    if launched.overflowed:
+        _report_overflow(op.name, launched, overflow)
+    return launched
+
+
+def _report_overflow(op: str, launched: LaunchResult, policy: str) -> None:
+    k, (got, true) = next((k, (a, t)) for k, (a, t) in enumerate(launched._pairs())
+                          if t is not None and t != a)
+    axis = next(a for a, (g, t) in enumerate(zip(got, true)) if g != t)
+    if policy == "error":
+        raise CapacityOverflowError(op, got[axis], true[axis],
+                                    f"(output {k}; launch with a larger size attr)")
+    warn_once(f"{op}: launch output {k} truncated to {got}; true shape {true} "
+              f"(LaunchResult.true_shapes reports it)")
