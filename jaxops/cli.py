@@ -121,8 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return {"demo": cmd_demo, "ops": cmd_ops, "bench": cmd_bench}[args.command](args)
+    except BrokenPipeError:  # `jaxops ops | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
     except (UsageError, JaxopsError) as e:
         print(f"jaxops {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. an --out path that cannot be written
+        print(f"jaxops {args.command}: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
+              file=sys.stderr)
         return 2
 
 

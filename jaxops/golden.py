@@ -164,6 +164,10 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None) -> tuple[dict,
         desc["max_shape"] = desc.pop("shape")
         if result.outshape is not None:
             desc["actual_shape"] = list(np.shape(result.outputs[k]))
+        true = (result.true_shapes or [None] * len(wire))[k]
+        if true is not None:  # the size attr may have cut the output: say so
+            desc["true_shape"] = list(true)
+            desc["overflowed"] = list(true) != desc.get("actual_shape")
         if opdef.fill_values:
             desc["fill_value"] = opdef.fill_values[min(k, len(opdef.fill_values) - 1)]
         outputs_desc.append(desc)

@@ -79,6 +79,18 @@ def test_golden_user_errors(argv, fragment, capsys):
     assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
 
 
+def test_golden_records_a_truncating_size(tmp_path, capsys):
+    from tracing.overflow import CapacityOverflowWarning
+    path = str(tmp_path / "nz.npz")
+    with pytest.warns(CapacityOverflowWarning, match="NonZero"):
+        code, _, _ = run(["golden", "NonZero", "--out", path, "--size", "1"], capsys)
+    out = golden.load_case(path)["outputs"][0]
+    assert code == 0 and out["overflowed"] and out["true_shape"][1] > out["actual_shape"][1] == 1
+    (tmp_path / "file").write_text("")  # a file where a directory is needed
+    code, _, err = run(["golden", "NonZero", "--out", str(tmp_path / "file" / "x.npz")], capsys)
+    assert code == 2 and "error:" in err and "Traceback" not in err and err.count("\n") == 1
+
+
 def test_golden_detects_a_tampered_case(tmp_path):
     path = golden.write_case("NonMaxSuppression", 0, str(tmp_path / "g.npz"))
     case = golden.load_case(path)
