@@ -48,6 +48,11 @@ register_golden(GoldenSpec(
 
 def _filled_table(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4):
     """A table with ~24 live keys: some exported once already, one evicted, counters > 1."""
+    return _filled_table_and_keys(rng, bucket_size, dim)[0]
+
+
+def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4):
+    """:func:`_filled_table` and its live keys."""
     import jaxops.hashtable as ht
 
     keys = rng.integers(-2**62, 2**62, 30, dtype=np.int64)
@@ -56,7 +61,7 @@ def _filled_table(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4)
     table, _, _ = ht.lookup_or_insert(table, keys[:16])
     table, _, _, _, _ = ht.export(table)                       # these 16 are exported once
     table, _, _ = ht.lookup_or_insert(table, np.concatenate([keys[10:], keys[10:14]]))
-    return ht.evict(table, keys[:1])
+    return ht.evict(table, keys[:1]), keys[1:]
 
 
 def _run_export(inputs: list, attrs: dict):
@@ -95,3 +100,128 @@ register_golden(GoldenSpec(
     "export of a 64-slot dim-4 table (~24 live keys, 16 exported before, one evicted); "
     "tables before/after as CANN bucket bytes",
     lambda rng, attrs: [[_filled_table(rng)]], run=_run_export))
+
+
+def _table_case(call):
+    """A ``run=`` for the table-changing operators: ``call(inputs, attrs)`` gives the outputs
+    in OpDef order; tables become CANN bucket bytes (the one before is saved too), optimizer
+    state its stacked moments, a lookup's info its slots (counts as extra arrays)."""
+    def run(inputs: list, attrs: dict):
+        import jaxops.hashtable as ht
+        from jaxops.core.impl_mode import OpImplMode
+        from tracing.executor import LaunchResult
+
+        extra = {"table_before_bytes": np.asarray(ht.to_cann_bytes(inputs[0]))} \
+            if isinstance(inputs[0], ht.HashTable) else {}
+        if len(inputs) > 1 and isinstance(inputs[1], ht.AdamWState):
+            extra["state_before"] = _moments(inputs[1])
+        wire = []
+        for out in call(inputs, attrs):
+            if isinstance(out, ht.HashTable):
+                wire.append(np.asarray(ht.to_cann_bytes(out)))
+            elif isinstance(out, ht.AdamWState):
+                wire.append(_moments(out))
+                extra["state_beta_powers"] = np.array([out.beta1_power, out.beta2_power], np.float32)
+            elif hasattr(out, "_fields"):  # LookupInfo / ImportInfo: the per-key slots + counts
+                fields = out._asdict()
+                wire.append(np.asarray(fields.pop("slots")).astype(np.int64))
+                extra.update({f"info_{k}": np.asarray(v) for k, v in fields.items()})
+            else:
+                wire.append(np.asarray(out))
+        return extra, LaunchResult(wire, None, OpImplMode.HIGH_PRECISION, "xla", False, wire)
+    return run
+
+
+def _moments(state) -> np.ndarray:
+    return np.stack([np.asarray(state.m), np.asarray(state.v)])  # [2, bucket_size, dim]
+
+
+def _keys(rng: np.random.Generator, present: np.ndarray, n: int = 12) -> np.ndarray:
+    """n int64 keys: ``n // 2`` drawn from ``present`` (the first one twice), the rest new."""
+    picked = rng.choice(present, n // 2 - 1, replace=False)
+    new = rng.integers(-2**62, 2**62, n - n // 2, dtype=np.int64)
+    return np.concatenate([picked, picked[:1], new]).astype(np.int64)
+
+
+def _table_inputs(rng: np.random.Generator):
+    table, live = _filled_table_and_keys(rng)
+    return table, _keys(rng, live)
+
+
+def _adam_inputs(rng: np.random.Generator, attrs: dict) -> list:
+    import jaxops.hashtable as ht
+
+    table, keys = _table_inputs(rng)
+    grad = rng.standard_normal((keys.size, table.embedding_dim)).astype(np.float32)
+    hyper = [np.float32(v) for v in (0.01, 0.01, 0.9, 0.999, 1e-8)]  # lr, wd, b1, b2, eps
+    state = ht.adam_w_init(table, amsgrad=bool(attrs.get("amsgrad", False)))
+    table, state = ht.apply_adam_w(table, state, keys, grad, lr=hyper[0], weight_decay=hyper[1])
+    return [table, state, keys, grad[::-1].copy(), *hyper]  # a second step from moments != 0
+
+
+def _import_inputs(rng: np.random.Generator, attrs: dict) -> list:
+    table, live = _filled_table_and_keys(rng)
+    keys = _keys(rng, live)
+    n, dim = keys.size, table.embedding_dim
+    counters = rng.integers(1, 2**40, n, dtype=np.uint64)
+    flags = (rng.random(n) < 0.5).astype(np.uint8)
+    return [table, keys, counters, flags, rng.standard_normal((n, dim)).astype(np.float32)]
+
+
+def _lookup(inputs, attrs):
+    import jaxops.hashtable as ht
+    return ht.lookup_or_insert(inputs[0], inputs[1], **attrs)
+
+
+def _apply_adam_w(inputs, attrs):
+    import jaxops.hashtable as ht
+    table, state, keys, grad, lr, wd, b1, b2, eps = inputs
+    return ht.apply_adam_w(table, state, keys, grad, lr=lr, weight_decay=wd, beta1=b1,
+                           beta2=b2, epsilon=eps, **attrs)
+
+
+def _evict(inputs, attrs):
+    import jaxops.hashtable as ht
+    return (ht.evict(inputs[0], inputs[1], sampled_values=inputs[2], **attrs),)
+
+
+def _import(inputs, attrs):
+    import jaxops.hashtable as ht
+    return ht.import_(*inputs)
+
+
+def _init(inputs, attrs):
+    import jaxops.hashtable as ht
+    return (ht.init_table(attrs["bucket_size"], attrs["embedding_dim"], sampled_values=inputs[0],
+                          **{k: v for k, v in attrs.items() if k not in ("bucket_size", "embedding_dim")}),)
+
+
+register_golden(GoldenSpec(
+    "EmbeddingHashTableLookupOrInsert",
+    "12 keys (5 present, one twice, 6 new) into the export case's table; tables before/after "
+    "as CANN bucket bytes, the rows, and each key's slot",
+    lambda rng, attrs: list(_table_inputs(rng)), run=_table_case(_lookup)))
+
+register_golden(GoldenSpec(
+    "EmbeddingHashTableApplyAdamW",
+    "a second AdamW step (lr 0.01, weight decay 0.01) on 12 keys (duplicate and absent ones "
+    "included); tables and moments before/after",
+    _adam_inputs, run=_table_case(_apply_adam_w)))
+
+register_golden(GoldenSpec(
+    "EmbeddingHashTableEvict",
+    "evict 12 keys (5 present, one twice, 6 absent); tables before/after",
+    lambda rng, attrs: [*_table_inputs(rng), None], run=_table_case(_evict)))
+
+register_golden(GoldenSpec(
+    "EmbeddingHashTableImport",
+    "import 12 entries (5 existing keys, one twice, 6 new) with counters, filter flags and "
+    "rows; tables before/after and each entry's slot",
+    _import_inputs, run=_table_case(_import)))
+
+register_golden(GoldenSpec(
+    "InitEmbeddingHashTable",
+    "a new 64-slot dim-4 table from sampled values, as CANN bucket bytes",
+    lambda rng, attrs: [rng.standard_normal((attrs["bucket_size"], attrs["embedding_dim"]))
+                        .astype(np.float32)],
+    default_attrs={"bucket_size": 64, "embedding_dim": 4}, run=_table_case(_init)))
