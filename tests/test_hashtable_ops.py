@@ -221,6 +221,8 @@ def test_resize_matches_reference_and_checks_capacity():
     (lambda: ht.lookup_or_insert("table", K(1)), "argument 'table'"),
     (lambda: ht.lookup_or_insert(_table(), K(1), filter_mode="lru"), "argument 'filter_mode'"),
     (lambda: ht.lookup_or_insert(_table(), K(1), filter_freq=-1), "argument 'filter_freq'"),
+    (lambda: ht.lookup_or_insert(_table(), K(1), default_key=2**64), "argument 'default_key'"),
+    (lambda: ht.lookup_or_insert(_table(), K(1), filter_key=-2**63 - 1), "argument 'filter_key'"),
     (lambda: ht.import_(_table(), K(1, 2), np.zeros(1, np.uint64), np.zeros(2, np.uint8),
                         np.zeros((2, 2), np.float32)), "argument 'counters'"),
     (lambda: ht.import_(_table(), K(1), np.zeros(1, np.uint64), np.zeros(1, np.uint8),

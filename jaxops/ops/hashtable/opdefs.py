@@ -18,6 +18,13 @@ def _non_negative(v) -> bool:
     return v >= 0
 
 
+def _int64(v) -> bool:
+    return -2**63 <= v < 2**63
+
+
+_INT64 = "an int64 key in [-2**63, 2**63)"
+
+
 INIT = register_op(OpDef(
     name="InitEmbeddingHashTable",
     inputs=[Input("sampled_values", {DataType.FLOAT}, "optional",
@@ -38,10 +45,10 @@ LOOKUP_OR_INSERT = register_op(OpDef(
     attrs=[AttrDef("filter_mode", "str", "no_filter", choices=("no_filter", "counter")),
            AttrDef("filter_freq", "int", 0, check=_non_negative, expected="an int >= 0"),
            AttrDef("default_key_or_value", "bool", False),
-           AttrDef("default_key", "int", 0),
+           AttrDef("default_key", "int", 0, check=_int64, expected=_INT64),
            AttrDef("default_value", "float", 0.0),
            AttrDef("filter_key_flag", "bool", False),
-           AttrDef("filter_key", "int", -1)],
+           AttrDef("filter_key", "int", -1, check=_int64, expected=_INT64)],
     doc="Rows of keys, inserting absent ones; counts accesses; optional admission filter.",
 ))
 
@@ -76,7 +83,11 @@ EXPORT = register_op(OpDef(
     data_dependent=True,
     fill_values=[-1, 0, 0, 0],
     doc="Exported entries of each table in ascending slot order: keys of every table, then "
-        "counters, filter flags and values (CANN's output order).",
+        "counters, filter flags and values (CANN's output order). Through tracing.launch "
+        "only these outputs come back, so the tables' EXPORT bits and not-exported counts are "
+        "not updated there (jaxops.hashtable.export returns the marked tables); with "
+        "jax_enable_x64 off keys and counters are [n, 2] uint32 word pairs (OP_OUTSHAPE rank "
+        "2), with it on int64/uint64 [n] as CANN's kernel writes them.",
 ))
 
 IMPORT = register_op(OpDef(
