@@ -166,3 +166,21 @@ def test_masked_select_gradient_through_host():
         return lambda x: jnp.sum(jaxops.masked_select(x, mask, backend=backend).valid_data() ** 2)
     chex.assert_trees_all_close(jax.grad(loss("host"))(x), jax.grad(loss("xla"))(x))
     chex.assert_trees_all_close(jax.grad(loss("host"))(x), 2 * x * mask)
+
+
+def test_host_backward_runs_the_xla_kernel_of_the_calls_impl_mode():
+    from jaxops.backends.callback import host_kernel
+    from jaxops.core.dtypes import FLOATING
+    from jaxops.core.impl_mode import OpImplMode
+    from jaxops.core.registry import Input, OpDef, Output
+    op = OpDef("TestModeScale", [Input("x", FLOATING)], [Output("y", FLOATING)],
+               impl_modes=OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE)
+    op.kernel("xla")(lambda x: (2 * x,))
+    op.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(lambda x: (3 * x,))  # tells them apart
+    op.kernel("host")(host_kernel(op, lambda x: (2 * np.asarray(x),)))
+
+    def grad(mode):
+        return jax.grad(lambda x: op(x, backend="host", impl_mode=mode)[0].sum())(jnp.ones(2))
+    assert grad("high_precision").tolist() == [2.0, 2.0]
+    assert grad("high_performance").tolist() == [3.0, 3.0]
+    assert grad("high_precision").tolist() == [2.0, 2.0]  # per-mode kernels, cached apart

@@ -15,8 +15,8 @@ operator kernel usable under ``jit``, ``vmap`` and ``grad``:
   ``host_fn`` runs once per example on the host.
 - **grad.** The host kernels are not differentiable, so the backward pass is the ``xla``
   kernel's: a :func:`jax.custom_vjp` whose forward is the host call and whose backward is
-  the VJP of the ``xla`` kernel at the same inputs (identical forward results make the
-  gradients consistent). Forward-mode (``jax.jvp``) is not supported.
+  the VJP of the ``xla`` kernel of the call's impl mode at the same inputs (identical
+  forward results make the gradients consistent). Forward-mode (``jax.jvp``) is not supported.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxops.core.dynarray import DynArray
+from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef
 
 HostFn = Callable[..., Sequence[np.ndarray]]
@@ -99,11 +100,27 @@ def host_kernel(op: OpDef, host_fn: HostFn,
     >>> jax.grad(lambda x: double(x, backend="host")[0].sum())(jnp.ones(2)).tolist()
     [2.0, 2.0]
     """
+    bound: dict[OpImplMode, KernelFn] = {}
+
+    def bind_mode(mode: OpImplMode) -> KernelFn:
+        """The kernel whose backward pass runs the ``xla`` kernel of ``mode`` (cached, so
+        the registry's jit cache sees one function per mode)."""
+        if mode not in bound:
+            bound[mode] = _host_kernel(op, host_fn, check, mode)
+        return bound[mode]
+
+    kernel = _host_kernel(op, host_fn, check, None)
+    kernel.bind_mode = bind_mode
+    return kernel
+
+
+def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
+                 mode: OpImplMode | None) -> KernelFn:
     def kernel(*inputs, **attrs):
         if check is not None:
             check(*inputs, **attrs)
         leaves, in_tree = jax.tree_util.tree_flatten(list(inputs))
-        xla = op.get_kernel("xla", op.select_mode(None))
+        xla = op.get_kernel("xla", op.select_mode(mode))
 
         def xla_leaves(*args):
             return jax.tree_util.tree_leaves(tuple(xla(*jax.tree_util.tree_unflatten(

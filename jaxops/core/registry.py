@@ -215,7 +215,8 @@ class OpDef:
         if fn is None:
             raise KernelNotFoundError(f"{self.name}: no kernel for backend {backend!r} in mode "
                                       f"{impl_mode_to_str(mode)}; backends: {self.backends()}")
-        return fn
+        bind = getattr(fn, "bind_mode", None)  # one kernel for every mode that needs to know it
+        return bind(OpImplMode(int(mode))) if bind is not None else fn
 
     def select_mode(self, requested: OpImplMode | str | int | None = None) -> OpImplMode:
         """The impl mode a call runs in (see :func:`select_impl_mode`)."""
