@@ -124,6 +124,9 @@ def test_kernel_per_impl_mode():
     with impl_mode("high_performance"):
         assert RELU.select_mode(None) is OpImplMode.HIGH_PERFORMANCE
     assert RELU.select_mode("keep_fp16") is OpImplMode.HIGH_PRECISION
+    with pytest.raises(OpArgumentError, match=r"Relu: argument 'impl_mode': expected one of "
+                                              r"default, .*got 'fastest'"):
+        RELU(np.ones(2, np.float32), impl_mode="fastest")
     with pytest.raises(KernelNotFoundError, match="no kernel for backend 'nowhere'"):
         RELU.get_kernel("nowhere", OpImplMode.HIGH_PRECISION)
 

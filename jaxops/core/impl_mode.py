@@ -65,6 +65,11 @@ _KERNEL_JSON_MULTI_MODES = (OpImplMode.HIGH_PERFORMANCE | OpImplMode.HIGH_PRECIS
 _PATH_MODES = ("high_performance", "high_precision", "support_out_of_bound_index")
 
 
+def impl_mode_names() -> tuple[str, ...]:
+    """The mode names :func:`impl_mode_from_str` knows."""
+    return tuple(_STR_TO_MODE)
+
+
 def impl_mode_from_str(s: str) -> OpImplMode:
     """Parses a mode name; an unknown name gives RESERVED and a warning naming it."""
     mode = _STR_TO_MODE.get(s)

@@ -37,7 +37,8 @@ from jaxops.core.dtypes import DataType
 from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingInputError,
                                 OpArgumentError, OpDTypeError, UnknownAttrError,
                                 UnknownOpError, UnsupportedDTypeError)
-from jaxops.core.impl_mode import OpImplMode, as_impl_mode, impl_mode_to_str, select_impl_mode
+from jaxops.core.impl_mode import (OpImplMode, as_impl_mode, impl_mode_names, impl_mode_to_str,
+                                    select_impl_mode)
 from jaxops.core.tensor_desc import TensorDesc
 
 
@@ -219,7 +220,15 @@ class OpDef:
         return bind(OpImplMode(int(mode))) if bind is not None else fn
 
     def select_mode(self, requested: OpImplMode | str | int | None = None) -> OpImplMode:
-        """The impl mode a call runs in (see :func:`select_impl_mode`)."""
+        """The impl mode a call runs in (see :func:`select_impl_mode`).
+
+        A misspelt mode name raises here (naming the known ones); CANN's parser, which
+        warns and goes on with RESERVED, stays in :func:`impl_mode_from_str` and OP_OPTION.
+        """
+        known = impl_mode_names()
+        if isinstance(requested, str) and requested not in known:
+            raise OpArgumentError(self.name, "impl_mode", f"one of {', '.join(known)}",
+                                  repr(requested))
         return select_impl_mode(as_impl_mode(requested), self.impl_modes)
 
     # -- validation and inference -----------------------------------------------------------
