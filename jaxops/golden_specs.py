@@ -43,6 +43,17 @@ register_golden(GoldenSpec(
     lambda rng, attrs: [_boxes(rng, 2, 40), rng.random((2, 3, 40)).astype(np.float32)],
     default_attrs={"max_output_boxes_per_class": 10, "iou_threshold": 0.5, "score_threshold": 0.1}))
 
+register_golden(GoldenSpec(
+    "BatchedNMS", "torchvision batched_nms: 60 boxes in 3 class groups, IoU threshold 0.1 (about 24 suppressed)",
+    lambda rng, attrs: [_boxes(rng, 1, 60)[0], rng.random(60).astype(np.float32),
+                        rng.integers(0, 3, 60).astype(np.int32)],
+    default_attrs={"iou_threshold": 0.1}))
+
+register_golden(GoldenSpec(
+    "EfficientNMS", "TensorRT EfficientNMS: 2 images × 40 crowded boxes × 3 classes",
+    lambda rng, attrs: [_boxes(rng, 2, 40), rng.random((2, 40, 3)).astype(np.float32)],
+    default_attrs={"max_output_boxes": 16, "iou_threshold": 0.5, "score_threshold": 0.2}))
+
 
 # -- hash tables ---------------------------------------------------------------------------
 

@@ -138,6 +138,19 @@ def test_python_dash_m_entry_point():
     assert res.returncode == 0 and json.loads(res.stdout)
 
 
+@pytest.mark.parametrize("op", ["BatchedNMS", "EfficientNMS"])
+def test_golden_nms_variants(op, tmp_path):
+    path = golden.write_case(op, 0, str(tmp_path / "n.npz"))
+    case = golden.load_case(path)
+    assert golden.check_case(path)
+    if op == "BatchedNMS":  # some boxes suppressed, kept indices int64 as CANN writes them
+        keep = case["outputs"][0]
+        assert 0 < keep["actual_shape"][0] < 60 and case["arrays"]["output_keep"].dtype == np.int64
+    else:  # the count port bounds the padded outputs
+        counts = case["arrays"]["output_num_detections"].reshape(-1)
+        assert np.all((counts > 0) & (counts <= 16))
+
+
 TABLE_CASES = ["EmbeddingHashTableLookupOrInsert", "EmbeddingHashTableApplyAdamW",
                "EmbeddingHashTableEvict", "EmbeddingHashTableImport", "InitEmbeddingHashTable"]
 
