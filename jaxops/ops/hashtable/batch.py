@@ -41,7 +41,7 @@ def live_slots(table: HashTable, batch: KeyBatch, active: jax.Array | None = Non
     """Slot of each key that is present and not evicted, -1 otherwise (int32 ``[N]``)."""
     n = batch.home.shape[0]
     active = jnp.ones(n, bool) if active is None else active
-    slot, _, flags = find_slots(table, batch.words, batch.home, active)
+    slot, _, flags = find_slots(table, batch.words, active)
     return jnp.where((flags & EVICTED) == 0, slot, -1)
 
 
@@ -52,7 +52,7 @@ def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array) -> jax.A
     Only slots are decided; writing the keys into them is the caller's job.
     """
     size, n = table.bucket_size, batch.home.shape[0]
-    found, dist, _ = find_slots(table, batch.words, batch.home, active)
+    found, dist, _ = find_slots(table, batch.words, active)
     new = active & (found < 0) & (dist < size)
     first = first_occurrences(batch.words, new)
     placed = place_new_keys(table.flags, batch.home, dist,

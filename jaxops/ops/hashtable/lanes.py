@@ -44,7 +44,9 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
 
     ``lanes`` is a dict of arrays with one leading entry per lane. A lane never becomes
     active again by itself, but ``step`` may hand it new work (``active`` stays True).
-    ``step`` must leave inactive lanes as they are.
+    ``step`` must leave inactive lanes as they are. Lanes without an ``"id"`` field get
+    one (their input index) when they first move to a smaller stage, so a step that does
+    not read it need not carry it through the full-width first stage.
 
     Args:
         peel: run the first step outside any loop (one fused pass over the batch); the
@@ -72,8 +74,13 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
         stages.append((lanes, entered & ~active))
         if nxt:
             names = list(lanes)
-            moved, count = compact_map(active, nxt, lambda i: tuple(lanes[k][i] for k in names),
-                                       [0] * len(names))
+            implicit_id = "id" not in lanes  # first-stage lanes are in input order: id = index
+
+            def move(i, lanes=lanes, names=names, implicit_id=implicit_id):
+                return tuple(lanes[k][i] for k in names) + ((i,) if implicit_id else ())
+
+            names = names + (["id"] if implicit_id else [])
+            moved, count = compact_map(active, nxt, move, [0] * len(names))
             lanes = dict(zip(names, moved))
             active = jnp.arange(nxt) < count
     return carry, stages

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.ops.hashtable.lanes import drain, retired_values
-from jaxops.ops.hashtable.murmur import murmur3_x86_32
+from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
 from jaxops.ops.hashtable.table import HashTable, Words64
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)  # owner of a slot no pending key holds
@@ -50,13 +50,16 @@ def probe_slot(home: jax.Array, dist: jax.Array, bucket_size: int) -> jax.Array:
     return jnp.where(s >= np.uint32(bucket_size), s - np.uint32(bucket_size), s).astype(jnp.int32)
 
 
-def find_slots(table: HashTable, words: Words64, home: jax.Array, active: jax.Array
+def find_slots(table: HashTable, words: Words64, active: jax.Array
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Walks each active key from ``home`` to its key or the first empty slot.
+    """Walks each active key from its home slot to its key or the first empty slot.
 
     The walk moves a window of :data:`WINDOW` slots per round (see :func:`_window_step`):
     at load 0.5 the first round, one fused pass over the batch, settles all but about
-    0.5% of the keys, and the rest go on in lanes compacted 16 to 1.
+    0.5% of the keys, and the rest go on in lanes compacted 16 to 1. Lanes carry only the
+    key words and the walk's state: each round rehashes the home slot (MurmurHash3 costs
+    less than carrying one more full-width array through the loop), and lane ids come
+    with the first compaction.
 
     Returns:
         ``(slot, dist, flags)``: int32 ``[N]`` ``slot`` holds the key (tombstones included)
@@ -64,10 +67,9 @@ def find_slots(table: HashTable, words: Words64, home: jax.Array, active: jax.Ar
         ``bucket_size`` when it passed them all (the key is absent and the table has no
         empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1).
     """
-    n = home.shape[0]
+    n = active.shape[0]
     slot, dist, flags = jnp.full(n, -1, jnp.int32), jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.uint8)
-    lanes = {"id": jnp.arange(n, dtype=jnp.int32), "lo": words.lo, "hi": words.hi,
-             "home": home, "dist": dist, "slot": slot, "flags": flags}
+    lanes = {"lo": words.lo, "hi": words.hi, "dist": dist, "slot": slot, "flags": flags}
     _, stages = drain(lanes, active, functools.partial(_window_step, table), None, shrink=16,
                       peel=True)
     return tuple(retired_values(stages, name) for name in ("slot", "dist", "flags"))
@@ -87,7 +89,7 @@ def _window_step(table: HashTable, lanes, active, carry):
     size = table.bucket_size
     w = min(WINDOW, size)
     dist = lanes["dist"]
-    at = probe_slot(lanes["home"], dist, size)
+    at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
     start = jnp.minimum(at, size - w)
     skip = at - start  # window slots before the lane's slot
     seen = jnp.minimum(w, skip + size - dist)  # window slots [skip, seen) are probes to make
