@@ -115,7 +115,8 @@ def test_index_ops_error_truncate_host(call):
 
 def test_expand_compilations_are_bounded():
     """1,000 eager calls with true sizes anywhere in [1, max]: at most ceil(log2 max) + 1
-    compilations (each power-of-two bucket once)."""
+    compilations (each power-of-two bucket once), for NonZero, MaskedSelect, Unique and
+    UniqueConsecutive."""
     from tests.util import CompileCounter
 
     n = 100
@@ -123,12 +124,16 @@ def test_expand_compilations_are_bounded():
     counts = rng.integers(1, n + 1, 1000)
     xs = [np.arange(n) < k for k in counts]
     bound = int(np.ceil(np.log2(n))) + 1
-    for op, rank in ((lambda x: jaxops.nonzero(x, size=1), 2),
-                     (lambda x: jaxops.masked_select(x, x, size=1), 1)):
+    distinct = [np.arange(n) % k for k in counts]  # k distinct values, in runs once sorted
+    for op, rank, inputs in ((lambda x: jaxops.nonzero(x, size=1), 2, xs),
+                             (lambda x: jaxops.masked_select(x, x, size=1), 1, xs),
+                             (lambda x: jaxops.unique(x, size=1), 1, distinct),
+                             (lambda x: jaxops.unique_consecutive(np.sort(x), size=1), 1, distinct)):
         jaxops.DynArray(jnp.zeros((1,) * rank), jnp.ones(rank, jnp.int32)).numel()  # warm numel
         with CompileCounter() as compiles:
-            for x, k in zip(xs, counts):
-                assert int(op(x).numel()) == k
+            for x, k in zip(inputs, counts):
+                out = op(x)
+                assert int((out[0] if isinstance(out, tuple) else out).numel()) == k
         assert 0 < compiles.count <= bound, compiles.count
 
 
