@@ -55,6 +55,33 @@ def next_capacity(true_size: int, theoretical_max: int | None = None) -> int:
     return min(cap, theoretical_max) if theoretical_max is not None else cap
 
 
+#: The ``overflow``, ``record`` and ``backend`` entries of the docstring of an operator whose
+#: default policy is ``"expand"``; :func:`documents_policy_args` puts them in.
+EXPAND_POLICY_ARGS = """\
+      overflow: what an eager call does when the results exceed ``size``
+        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
+        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
+        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
+      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
+        under the operator and input shapes; a string: under that call-site name), on the
+        host or, inside jit, through an unordered ``io_callback``.
+      backend: kernel backend (default: automatic).
+"""
+
+
+def documents_policy_args(fn):
+    """Decorator: replaces the ``{policy_args}`` line of ``fn``'s docstring (Args section,
+    six-space indent) with :data:`EXPAND_POLICY_ARGS`, so every operator says it the same."""
+    placeholder = "      {policy_args}\n"
+    if fn.__doc__ is None:  # python -OO strips docstrings
+        return fn
+    if placeholder not in fn.__doc__:
+        raise ValueError(f"documents_policy_args: {fn.__qualname__}'s docstring has no "
+                         "'{policy_args}' line in its Args section")
+    fn.__doc__ = fn.__doc__.replace(placeholder, EXPAND_POLICY_ARGS)
+    return fn
+
+
 def check_policy(op: str, policy: str) -> str:
     if policy not in POLICIES:
         raise OpArgumentError(op, "overflow", "one of " + ", ".join(repr(p) for p in POLICIES),

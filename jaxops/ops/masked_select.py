@@ -25,7 +25,7 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map, gather_valid
 from jaxops.ops.nonzero import NONZERO_DTYPES, capacity_attr
-from tracing.overflow import run_with_policy
+from tracing.overflow import documents_policy_args, run_with_policy
 
 VALUE_FILL = 0
 
@@ -117,6 +117,7 @@ def _masked_select_fast(x, mask, *, size):
     return _masked_select(x, mask, size=size, f32_grad=False)
 
 
+@documents_policy_args
 def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
                   overflow: str = "expand", record: bool | str = False,
                   impl_mode: OpImplMode | str | None = None, backend: str | None = None) -> DynArray:
@@ -133,14 +134,7 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
         bfloat16 ``x`` broadcast against ``mask``, where several outputs come from one
         element of ``x``: high precision sums their cotangents in float32 and rounds once,
         high performance sums in ``x``'s dtype (rounding at each addition).
-      overflow: what an eager call does when the results exceed ``size``
-        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
-        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
-        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
-      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
-        under the operator and input shapes; a string: under that call-site name), on the
-        host or, inside jit, through an unordered ``io_callback``.
-      backend: kernel backend (default: automatic).
+      {policy_args}
 
     Returns:
       A 1-D :class:`DynArray` of ``x``'s dtype, max shape ``[size]``, actual shape

@@ -23,7 +23,7 @@ from jaxops.core.dtypes import ALL_NUMERIC, DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map
-from tracing.overflow import run_with_policy
+from tracing.overflow import documents_policy_args, run_with_policy
 
 INDEX_FILL = -1
 #: Inputs NonZero accepts: bool, every integer and float dtype, complex.
@@ -84,6 +84,7 @@ def _nonzero_xla(x, *, size, transpose):
                      true_shape=None if size is None else jnp.stack(true), fill_value=INDEX_FILL),)
 
 
+@documents_policy_args
 def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
             overflow: str = "expand", record: bool | str = False,
             backend: str | None = None) -> DynArray:
@@ -99,14 +100,7 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
         so ``.overflowed()`` and ``.lost()`` report the cut inside ``jit``.
       transpose: ``False`` gives ONNX's layout ``[rank, n]``; ``True`` gives ``[n, rank]``
         (CANN, ``torch.nonzero``, :func:`argwhere`).
-      overflow: what an eager call does when the results exceed ``size``
-        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
-        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
-        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
-      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
-        under the operator and input shapes; a string: under that call-site name), on the
-        host or, inside jit, through an unordered ``io_callback``.
-      backend: kernel backend (default: automatic).
+      {policy_args}
 
     Returns:
       A :class:`DynArray` of max shape ``[rank, size]`` (or ``[size, rank]``), actual shape

@@ -39,7 +39,7 @@ from jaxops.ops.compaction import compact_indices, gather_valid
 from jaxops.ops.grouping import group_keys
 from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
-from tracing.overflow import run_with_policy
+from tracing.overflow import documents_policy_args, run_with_policy
 
 VALUE_FILL = 0  # padding of y
 COUNT_FILL = 0  # padding of counts
@@ -227,6 +227,7 @@ def _returns(y, extras):
     return (y, *chosen) if chosen else y
 
 
+@documents_policy_args
 def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: int | None = None,
            return_index: bool = False, return_inverse: bool = False, return_counts: bool = False,
            overflow: str = "expand", record: bool | str = False, backend: str | None = None):
@@ -244,14 +245,7 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
         lexicographically.
       return_index, return_inverse, return_counts: also return the first-occurrence index
         of each unique value, the unique id of every element, the number of occurrences.
-      overflow: what an eager call does when the results exceed ``size``
-        (:mod:`tracing.overflow`): ``"expand"`` (default: rerun at the next power-of-two
-        capacity, so nothing is lost), ``"error"``, ``"truncate"`` (keep the first ``size``,
-        warn once per call site) or ``"host"``. Inside jit the flag travels with the result.
-      record: record the size this call needed in :mod:`tracing.capacity` (``True``:
-        under the operator and input shapes; a string: under that call-site name), on the
-        host or, inside jit, through an unordered ``io_callback``.
-      backend: kernel backend (default: automatic).
+      {policy_args}
 
     Returns:
       ``y`` alone, or a tuple ``(y, [indices], [inverse], [counts])`` in numpy's order.
