@@ -87,7 +87,7 @@ def _check_dims(op: str, arg: str, dims: np.ndarray, max_shape: tuple[int, ...])
 class DynArray:
     """A max-shape buffer plus its actual (traced) shape. See the module docstring."""
 
-    __slots__ = ("data", "actual_shape", "true_shape", "fill_value")
+    __slots__ = ("data", "actual_shape", "true_shape", "_fill")
 
     def __init__(self, data, actual_shape, *, true_shape=None, fill_value: Any = 0):
         data = data if isinstance(data, (jax.Array, np.ndarray)) else jnp.asarray(data)
@@ -104,17 +104,22 @@ class DynArray:
         self.data = data
         self.actual_shape = actual_shape
         self.true_shape = None if true_shape is None else jnp.asarray(true_shape, jnp.int32)
-        self.fill_value = fill_value
+        self._fill = _Static(fill_value)  # built once: flattening happens on every jit call
+
+    @property
+    def fill_value(self) -> Any:
+        """What the padding holds (static metadata)."""
+        return self._fill.value
 
     # -- pytree ---------------------------------------------------------------------------
     def tree_flatten(self):
-        return (self.data, self.actual_shape, self.true_shape), _Static(self.fill_value)
+        return (self.data, self.actual_shape, self.true_shape), self._fill
 
     @classmethod
     def tree_unflatten(cls, fill_value, children):
         obj = object.__new__(cls)  # children may be tracers, None or sentinels: no checks
         obj.data, obj.actual_shape, obj.true_shape = children
-        obj.fill_value = fill_value.value if isinstance(fill_value, _Static) else fill_value
+        obj._fill = fill_value if isinstance(fill_value, _Static) else _Static(fill_value)
         return obj
 
     # -- construction -----------------------------------------------------------------------
@@ -255,7 +260,7 @@ class DynArray:
                                  "DynArray.set_actual_shape: actual shape {} outside [0, {}]",
                                  new, maxes)
             new = jnp.clip(new, 0, maxes)
-        return DynArray.tree_unflatten(self.fill_value, (self.data, new, self.true_shape))
+        return DynArray.tree_unflatten(self._fill, (self.data, new, self.true_shape))
 
     def at(self, index) -> jax.Array:
         """Element access bounds-checked against the *actual* shape.
