@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     """Rows ``values[slots]`` (shape ``slots.shape + (dim,)``); slot -1 gives ``default_value``.
