@@ -247,10 +247,8 @@ class DynArray:
         parts = list(shape) if shape_arr is None else [shape_arr[k] for k in range(rank)]
         if all(_is_concrete(p) for p in parts):
             dims = [int(p) for p in parts]
-            bad = [k for k, (d, m) in enumerate(zip(dims, self.max_shape)) if not 0 <= d <= m]
-            if bad:
-                raise ValueError(f"DynArray.set_actual_shape: argument 'shape': expected dims in "
-                                 f"[0, max] with max {self.max_shape}, got {tuple(dims)}")
+            _check_dims("DynArray.set_actual_shape", "shape", np.asarray(dims, np.int64),
+                        self.max_shape)
             new = jnp.asarray(dims, jnp.int32).reshape(self.ndim)
         else:
             new = jnp.stack([jnp.asarray(p, jnp.int32) for p in parts]) if parts \

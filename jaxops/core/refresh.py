@@ -28,10 +28,15 @@ def exact(data: np.ndarray, actual: np.ndarray, batch_ndim: int):
     """Slices a fetched max-shape buffer to its actual shape (a nested list when batched)."""
     if batch_ndim:
         return [exact(data[i], actual[i], batch_ndim - 1) for i in range(data.shape[0])]
-    if np.any(actual < 0) or np.any(actual > data.shape):
-        raise ValueError(f"refresh: a DynArray's actual shape {actual.tolist()} is outside its "
-                         f"max shape {data.shape} (expected dims in [0, max])")
     return data[tuple(slice(0, int(a)) for a in actual)]
+
+
+def _check_fetched(data: np.ndarray, actual: np.ndarray, batch_ndim: int) -> None:
+    """Raises unless every (batched) actual shape lies within the max shape."""
+    max_shape = data.shape[batch_ndim:]
+    if np.any(actual < 0) or np.any(actual > np.asarray(max_shape, np.int64)):
+        raise ValueError(f"refresh: a DynArray's actual shape {actual.tolist()} is outside its "
+                         f"max shape {max_shape} (expected dims in [0, max])")
 
 
 def refresh(tree: Any) -> Any:
@@ -44,5 +49,7 @@ def refresh(tree: Any) -> Any:
     dyn = [i for i, leaf in enumerate(leaves) if _is_dyn(leaf)]
     fetched = jax.device_get([(leaves[i].data, leaves[i].actual_shape) for i in dyn])
     for i, (data, actual) in zip(dyn, fetched):
-        leaves[i] = exact(np.asarray(data), np.asarray(actual), len(leaves[i].batch_shape))
+        data, actual, batch_ndim = np.asarray(data), np.asarray(actual), len(leaves[i].batch_shape)
+        _check_fetched(data, actual, batch_ndim)
+        leaves[i] = exact(data, actual, batch_ndim)
     return jax.tree_util.tree_unflatten(treedef, leaves)
