@@ -26,9 +26,9 @@ def hugepages_enabled() -> bool:
     return HUGEPAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", "")
 
 
-def ensure_hugepages(argv: list[str] | None = None) -> None:
+def ensure_hugepages() -> None:
     """Re-executes this process with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` unless it is
-    set already or ``--no-hugepages`` is among the arguments.
+    set already (callers skip the call for ``--no-hugepages``).
 
     Why: numpy ``madvise``s its large arrays into transparent huge pages; XLA's CPU client
     allocates with plain ``malloc``, so every fresh output of tens of MB pays one page fault
@@ -36,8 +36,7 @@ def ensure_hugepages(argv: list[str] | None = None) -> None:
     The tunable gives malloc's large chunks the same huge pages numpy already has, so both
     sides of a comparison run under the same memory conditions. The JSON records the setting.
     """
-    argv = sys.argv if argv is None else argv
-    if hugepages_enabled() or "--no-hugepages" in argv or os.environ.get("JAXOPS_BENCH_REEXEC"):
+    if hugepages_enabled() or os.environ.get("JAXOPS_BENCH_REEXEC"):
         return
     env = dict(os.environ, JAXOPS_BENCH_REEXEC="1")
     env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), HUGEPAGES_TUNABLE) if t)

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     parser.add_argument("--json", default="benchmarks/results/hashtable.json")
     args = parser.parse_args(argv)
-    ensure_hugepages()
+    if not args.no_hugepages:
+        ensure_hugepages()
     report(run(args.quick), args.json)
     return 0
 

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only case modules whose name contains this")
     parser.add_argument("--json", default="benchmarks/results/ops.json")
     args = parser.parse_args(argv)
-    ensure_hugepages()
+    if not args.no_hugepages:
+        ensure_hugepages()
     results = run_all(args.quick, args.only, progress=lambda n: print(f"running {n} ...", flush=True))
     report(results, args.json)
     return 0
