@@ -57,13 +57,9 @@ register_golden(GoldenSpec(
 
 # -- hash tables ---------------------------------------------------------------------------
 
-def _filled_table(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4):
-    """A table with ~24 live keys: some exported once already, one evicted, counters > 1."""
-    return _filled_table_and_keys(rng, bucket_size, dim)[0]
-
-
 def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4):
-    """:func:`_filled_table` and its live keys."""
+    """A table with ~24 live keys (some exported once already, one evicted, counters > 1)
+    and those keys."""
     import jaxops.hashtable as ht
 
     keys = rng.integers(-2**62, 2**62, 30, dtype=np.int64)
@@ -110,7 +106,7 @@ register_golden(GoldenSpec(
     "EmbeddingHashTableExport",
     "export of a 64-slot dim-4 table (~24 live keys, 16 exported before, one evicted); "
     "tables before/after as CANN bucket bytes",
-    lambda rng, attrs: [[_filled_table(rng)]], run=_run_export))
+    lambda rng, attrs: [[_filled_table_and_keys(rng)[0]]], run=_run_export))
 
 
 def _table_case(call):
@@ -171,8 +167,7 @@ def _adam_inputs(rng: np.random.Generator, attrs: dict) -> list:
 
 
 def _import_inputs(rng: np.random.Generator, attrs: dict) -> list:
-    table, live = _filled_table_and_keys(rng)
-    keys = _keys(rng, live)
+    table, keys = _table_inputs(rng)
     n, dim = keys.size, table.embedding_dim
     counters = rng.integers(1, 2**40, n, dtype=np.uint64)
     flags = (rng.random(n) < 0.5).astype(np.uint8)
