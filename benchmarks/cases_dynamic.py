@@ -21,6 +21,11 @@ from benchmarks.common import Result, compare
 DENSITY = 0.1
 
 
+def _size_tag(n: int) -> str:
+    """``16M`` / ``64K``: how the case names spell an input size."""
+    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+
 def _capacity(n: int) -> int:
     """A capacity with headroom over the expected count: 1.25 x density, rounded up."""
     return 1 << int(np.ceil(np.log2(n * DENSITY * 1.25)))
@@ -35,7 +40,7 @@ def _nonzero_rows(n: int, repeats: int) -> list[Result]:
     ours_full = jax.jit(lambda m: jaxops.nonzero(m))
     jnp_cap = jax.jit(lambda m: jnp.nonzero(m, size=cap, fill_value=-1))
     jnp_full = jax.jit(lambda m: jnp.nonzero(m, size=n, fill_value=-1))
-    tag = f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+    tag = _size_tag(n)
     return [
         compare(f"NonZero {tag} bool 10% size={cap}", lambda: ours(dev), *peer, target=3.0,
                 repeats=repeats),
@@ -56,7 +61,7 @@ def _masked_select_rows(n: int, repeats: int) -> list[Result]:
     ours = jax.jit(lambda x, m: jaxops.masked_select(x, m, size=cap))
     ours_full = jax.jit(lambda x, m: jaxops.masked_select(x, m))
     fast = jax.jit(lambda x, m: jaxops.masked_select(x, m, size=cap, impl_mode="high_performance"))
-    tag = f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+    tag = _size_tag(n)
     return [
         compare(f"MaskedSelect {tag} f32 10% size={cap}", lambda: ours(dx, dm), *peer, target=3.0,
                 repeats=repeats),
@@ -75,7 +80,7 @@ def _unique_rows(n: int, repeats: int) -> list[Result]:
         "1000 values": rng.integers(0, 1000, n).astype(np.int32),
     }
     rows = []
-    tag = f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+    tag = _size_tag(n)
     ours = jax.jit(lambda x: jaxops.unique(x))
     ours_all = jax.jit(lambda x: jaxops.unique(x, return_index=True, return_inverse=True,
                                                return_counts=True))

@@ -37,7 +37,8 @@ def run(quick: bool = False) -> list[Result]:
     empty = ht.init_table(size, dim, sampled_values=init)
 
     insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0])
-    table = jax.block_until_ready(insert(empty, _words(keys)))
+    new_keys = _words(keys)
+    table = jax.block_until_ready(insert(empty, new_keys))
     assert int(table.live) == batch and int(table.dropped) == 0
 
     find = jax.jit(lambda t, k: ht.find(t, k)[0])
@@ -59,7 +60,6 @@ def run(quick: bool = False) -> list[Result]:
         compare(f"find {n} keys, half absent", lambda: find(table, half), "jnp.take rows",
                 lambda: take(dense, rows), repeats=repeats),
     ]
-    new_keys = _words(keys)
     ins = compare(f"lookup_or_insert {n} new keys", lambda: insert(empty, new_keys),
                   f"find {n} present keys", lambda: find(table, present), repeats=repeats)
     ins.note = (f"{batch / ins.ours_s / 1e6:.2f} M keys/s "

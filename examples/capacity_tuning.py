@@ -54,10 +54,11 @@ def main(images: int = 96, plot_path: str | None = None) -> dict:
     print(f"overflow rate      {m.overflow_rate:.2%} expected, {overflowed.mean():.2%} observed "
           f"on {images} fresh images ({int(np.asarray(held_out.lost(axis=0)).sum())} detections "
           "lost, each flagged by DynArray.overflowed())")
-    tight = detect(deltas, logits, max(cap // 4, 1))  # what a too-small capacity costs
-    print(f"capacity {max(cap // 4, 1):<6} rows/image: {np.asarray(tight.overflowed()).mean():.2%} of "
+    tight_cap = max(cap // 4, 1)  # what a too-small capacity costs
+    tight = detect(deltas, logits, tight_cap)
+    print(f"capacity {tight_cap:<6} rows/image: {np.asarray(tight.overflowed()).mean():.2%} of "
           f"images overflowed, {int(np.asarray(tight.lost(axis=0)).sum())} detections lost "
-          f"(expected {capacity.metrics(stats, max(cap // 4, 1)).overflow_rate:.2%})")
+          f"(expected {capacity.metrics(stats, tight_cap).overflow_rate:.2%})")
     if plot_path:
         try:
             print(f"wrote {capacity.plot(stats, plot_path, k=3.0, capacity=cap)}")

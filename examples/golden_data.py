@@ -48,8 +48,9 @@ def main(out_dir: str | None = None) -> dict:
     expected = np.stack(np.nonzero(nz["input_x"]))            # numpy's answer, ONNX layout
     n = expected.shape[1]
     got = nz["output_y"].reshape(-1)[:expected.size].reshape(expected.shape)  # wire prefix
-    print(f"NonZero wire prefix equals numpy's nonzero ({n} indices): {np.array_equal(got, expected)}")
-    return {"paths": paths, "nonzero_matches_numpy": bool(np.array_equal(got, expected))}
+    matches = bool(np.array_equal(got, expected))
+    print(f"NonZero wire prefix equals numpy's nonzero ({n} indices): {matches}")
+    return {"paths": paths, "nonzero_matches_numpy": matches}
 
 
 if __name__ == "__main__":
