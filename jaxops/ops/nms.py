@@ -232,10 +232,11 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
             backend=rerun_backend or backend)[0]
 
     b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
-    per_class = min(n, max_output_boxes_per_class) if isinstance(
-        max_output_boxes_per_class, (int, np.integer)) else n
+    limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
+                                                     (int, np.integer)) else n
     return run_with_policy(run, op="NonMaxSuppression", size=size,
-                           theoretical_max=b * c * per_class, policy=overflow, record=record,
+                           theoretical_max=_onnx_capacity(b, c, n, limit, None)[1],
+                           policy=overflow, record=record,
                            input_shapes=[np.shape(boxes), np.shape(scores)])
 
 
