@@ -39,10 +39,18 @@ def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys") -> KeyBat
 
 def live_slots(table: HashTable, batch: KeyBatch, active: jax.Array | None = None) -> jax.Array:
     """Slot of each key that is present and not evicted, -1 otherwise (int32 ``[N]``)."""
+    return live_slots_and_flags(table, batch, active)[0]
+
+
+def live_slots_and_flags(table: HashTable, batch: KeyBatch, active: jax.Array | None = None
+                         ) -> tuple[jax.Array, jax.Array]:
+    """:func:`live_slots` and the flags of those slots (uint8 ``[N]``, 0 where -1), read
+    by the probe itself."""
     n = batch.home.shape[0]
     active = jnp.ones(n, bool) if active is None else active
     slot, _, flags = find_slots(table, batch.words, active)
-    return jnp.where((flags & EVICTED) == 0, slot, -1)
+    live = (flags & EVICTED) == 0
+    return jnp.where(live, slot, -1), jnp.where(live, flags, jnp.uint8(0))
 
 
 def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array) -> jax.Array:

@@ -17,9 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import first_per_slot, key_batch, live_slots, set_rows
+from jaxops.ops.hashtable.batch import first_per_slot, key_batch, live_slots_and_flags, set_rows
 from jaxops.ops.hashtable.opdefs import EVICT
-from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, HashTable, Words64, as_words, check_table
 
 
@@ -66,9 +65,8 @@ def evict(table: HashTable, keys: Any, *, init_mode: str = "constant", const_val
 def _evict_kernel(table: HashTable, words: Words64, sampled_values, *, init_mode, const_val):
     size = table.bucket_size
     batch = key_batch(EVICT.name, words, size)
-    slot = live_slots(table, batch)
+    slot, old = live_slots_and_flags(table, batch)
     lead = first_per_slot(slot, size)  # repeats of a key see it evicted already
-    old = take(table.flags, jnp.maximum(slot, 0))
     rows = sampled_values if init_mode == "random" else \
         jnp.full((slot.shape[0], table.embedding_dim), const_val, jnp.float32)
     zero = jnp.zeros_like(batch.words.lo)
