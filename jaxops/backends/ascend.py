@@ -258,5 +258,11 @@ def run(op_name: str, *inputs, **attrs) -> tuple[np.ndarray, ...]:
     why = problem(spec, inputs, attrs)
     if why:
         raise BackendUnavailableError(f"{op_name}: {why}")
+    return dispatch(spec, inputs, attrs)
+
+
+def dispatch(spec, inputs, attrs) -> tuple[np.ndarray, ...]:
+    """One aclnn call of ``spec`` on inputs and attrs already checked (by :func:`run`, or
+    by backend selection and the kernel's trace-time check for calls from JAX)."""
     outs = runtime().dispatch(spec.aclnn, spec.build(*inputs, **attrs))
     return tuple(spec.finish(outs, *inputs, **attrs))

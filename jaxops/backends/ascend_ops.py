@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, problem, run
+from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, dispatch, problem
 from jaxops.backends.callback import host_kernel
 from jaxops.core.dtypes import DataType as D
 from jaxops.core.errors import BackendUnavailableError
@@ -95,8 +95,8 @@ for _spec in (
 def _ascend_kernel(spec: AclnnSpec):
     op = get_op(spec.op)
 
-    def on_host(*inputs, **attrs):
-        return run(spec.op, *inputs, **attrs)
+    def on_host(*inputs, **attrs):  # checked at trace time; per example under vmap
+        return dispatch(spec, inputs, attrs)
 
     def check(*inputs, **attrs):  # at trace time, for calls that chose ascend without inputs
         why = problem(spec, inputs, attrs)
