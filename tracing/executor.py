@@ -77,10 +77,13 @@ class LaunchResult:
     @property
     def overflowed(self) -> bool:
         """Whether an output's capacity cut results off (OP_OUTSHAPE launches)."""
-        return any(t is not None and t != a for a, t in self._pairs())
+        return bool(self._cut())
 
-    def _pairs(self):
-        return zip(self.actual_shapes or [], self.true_shapes or [])
+    def _cut(self) -> list[tuple[int, tuple, tuple]]:
+        """``(output index, actual shape, true shape)`` of every cut output."""
+        return [(k, a, t) for k, (a, t) in
+                enumerate(zip(self.actual_shapes or [], self.true_shapes or []))
+                if t is not None and t != a]
 
     def __iter__(self):
         return iter(self.outputs)
@@ -231,14 +234,13 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     actual = [dims(s[0]) if s is not None else np.shape(o) for s, o in zip(shapes, outs)]
     true = [dims(s[1]) if s is not None else None for s in shapes]
     launched = LaunchResult(final, written, mode, chosen, hit, host_wire, actual, true)
-    if launched.overflowed:
-        _report_overflow(op.name, launched, overflow)
+    cut = launched._cut()
+    if cut:
+        _report_overflow(op.name, *cut[0], overflow)
     return launched
 
 
-def _report_overflow(op: str, launched: LaunchResult, policy: str) -> None:
-    k, (got, true) = next((k, (a, t)) for k, (a, t) in enumerate(launched._pairs())
-                          if t is not None and t != a)
+def _report_overflow(op: str, k: int, got: tuple, true: tuple, policy: str) -> None:
     axis = next(a for a, (g, t) in enumerate(zip(got, true)) if g != t)
     if policy == "error":
         raise CapacityOverflowError(op, got[axis], true[axis],
