@@ -150,3 +150,35 @@ def test_keys_sharing_the_low_word():
     probe = np.concatenate([keys, keys + (100 << 32)])
     chex.assert_trees_all_equal(np.asarray(ht.find(table, probe)[1]), ref.find(probe)[1])
     assert_same_table(table, ref)
+
+
+def test_keys_that_look_empty_in_the_low_word():
+    """Keys whose low word is the empty key's (0xFFFFFFFF), and the key -1 itself, are
+    inserted, found and walked past like any other key."""
+    keys = np.concatenate([(np.arange(30, dtype=np.int64) << 32) | 0xFFFFFFFF, [-1]])
+    init = np.zeros((SIZE * 2, 1), np.float32)
+    table, ref = ht.init_table(SIZE * 2, 1, sampled_values=init), RefTable(init)
+    table, _, info = ht.lookup_or_insert(table, keys[::2])
+    _, want = ref.lookup_or_insert(keys[::2])
+    chex.assert_trees_all_equal(np.asarray(info.slots), want["slots"])
+    chex.assert_trees_all_equal(np.asarray(ht.find(table, keys)[1]), ref.find(keys)[1])
+    table, _, info = ht.lookup_or_insert(table, keys)
+    _, want = ref.lookup_or_insert(keys)
+    chex.assert_trees_all_equal(np.asarray(info.slots), want["slots"])
+    assert_same_table(table, ref)
+
+
+def test_crowded_table_with_a_large_batch():
+    """At load 0.9 most keys walk far past the first window, in every lane stage."""
+    rng = np.random.default_rng(11)
+    size, n = 10_000, 9_000
+    init = np.zeros((size, 1), np.float32)
+    table, ref = ht.init_table(size, 1, sampled_values=init), RefTable(init)
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    table, _, info = ht.lookup_or_insert(table, keys)
+    _, want = ref.lookup_or_insert(keys)
+    chex.assert_trees_all_equal(np.asarray(info.slots), want["slots"])
+    assert_same_table(table, ref)
+    probe = np.concatenate([rng.permutation(keys), rng.choice(2**40, n) + 2**41])
+    chex.assert_trees_all_equal(np.asarray(ht.locate(table, probe)),
+                                np.array([ref.live_slot(int(k)) for k in probe]))

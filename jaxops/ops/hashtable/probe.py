@@ -92,7 +92,7 @@ def _window_step(table: HashTable, lanes, active, carry):
     at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
     start = jnp.minimum(at, size - w)
     skip = at - start  # window slots before the lane's slot
-    seen = jnp.minimum(w, skip + size - dist)  # window slots [skip, seen) are probes to make
+    seen = skip + jnp.minimum(w - skip, size - dist)  # window slots [skip, seen): probes to make
 
     def window(a):
         return jax.vmap(lambda s: jax.lax.dynamic_slice(a, (s,), (w,)))(start)
