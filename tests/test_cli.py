@@ -128,7 +128,7 @@ def test_bench_quick_nms_only(tmp_path, capsys):
                         "--png", str(tmp_path / "b.png")], capsys)
     assert code == 0 and "ratio" in out
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["results"] and all(r["ratio"] > 0 for r in data["results"])
+    assert data["results"] and all(r["ratio"] > 0 and r["best_ratio"] > 0 for r in data["results"])
     assert data["meta"]["glibc_hugepages"] is False and "huge pages for large buffers: off" in out
 
 
