@@ -81,6 +81,26 @@ def test_grouping_strategies_agree_where_both_apply():
                                 jax.jit(grouping._by_counting)(edge, jnp.min(edge)))
 
 
+@pytest.mark.parametrize("n", [0, 1, 3000])
+def test_dense_rank_grouping_equals_grouping_the_ranks(n):
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, max(n // 3, 1), n)
+    rank = jnp.asarray(np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int32))
+    got = jax.jit(grouping.group_dense_ranks)(rank)
+    want = jax.jit(grouping.group_keys)(sortable_keys(rank))
+    chex.assert_trees_all_equal(got._replace(unique_keys=None), want._replace(unique_keys=None))
+    k = int(got.n_unique)  # its keys are the ranks themselves, padded with the largest
+    assert got.unique_keys.tolist() == list(range(k)) + [max(k - 1, 0)] * (n - k)
+
+
+def test_unique_slices_of_a_large_input():
+    """Past the counting threshold (16K slices), against numpy."""
+    x = np.random.default_rng(4).integers(0, 3, (20_000, 3)).astype(np.int32)
+    want = np.unique(x, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    assert_same(jaxops.refresh(unique_all(x, axis=0)),
+                (want[0], want[1], want[2].reshape(-1), want[3]))
+
+
 def test_nan_and_signed_zero_rules():
     x = np.array([2.0, np.nan, -0.0, 0.0, -np.nan, np.inf, 0.0], np.float32)
     y, idx, inv, cnt = jaxops.refresh(unique_all(x))

@@ -57,6 +57,23 @@ def group_keys(keys: jax.Array) -> Groups:
     return lax.cond(high - low < n, _by_counting, lambda k, _: _by_sorting(k), keys, low)
 
 
+def group_dense_ranks(rank: jax.Array) -> Groups:
+    """The :class:`Groups` of keys given as dense ranks (int32 ``[n]``, every value in
+    ``[0, k)`` present for some ``k``): the ranks are the group ids already, so this is one
+    histogram — no sort and no compaction. ``unique_keys`` are the ranks (uint32).
+
+    >>> g = group_dense_ranks(jnp.array([1, 0, 1, 1], jnp.int32))
+    >>> int(g.n_unique), g.counts.tolist(), g.group.tolist()
+    (2, [1, 3, 0, 0], [1, 0, 1, 1])
+    """
+    n = rank.shape[0]
+    n_unique = jnp.max(rank, initial=-1) + 1
+    counts = jnp.zeros((n,), jnp.int32).at[rank].add(1, mode="promise_in_bounds")
+    ids = jnp.arange(n, dtype=jnp.int32)
+    unique_keys = jnp.minimum(ids, jnp.maximum(n_unique - 1, 0)).astype(jnp.uint32)
+    return Groups(unique_keys, n_unique.astype(jnp.int32), counts, rank)
+
+
 def _by_sorting(keys: jax.Array, search: bool = True) -> Groups:
     """Sorts the keys alone and searches each one (``search``), or sorts them with their
     positions, which gives every element's group without a search."""

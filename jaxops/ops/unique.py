@@ -36,7 +36,7 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices, gather_valid
-from jaxops.ops.grouping import group_keys
+from jaxops.ops.grouping import group_dense_ranks, group_keys
 from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
 from tracing.overflow import documents_policy_args, run_with_policy
@@ -176,8 +176,9 @@ def _unique_xla(x, *, size, sorted, axis):
     items = _Items("Unique", x, axis)
     n = items.n
     cap = n if size is None else size
-    keys = items.keys if items.axis is None else sortable_keys(_lexicographic_ranks(items.keys))
-    unique_keys, n_unique, counts, group = group_keys(keys)  # group: sorted unique id
+    groups = group_keys(items.keys) if items.axis is None else \
+        group_dense_ranks(_lexicographic_ranks(items.keys))
+    unique_keys, n_unique, counts, group = groups  # group: sorted unique id
     position = jnp.arange(n, dtype=jnp.int32)
     first = jnp.full((n,), n, jnp.int32).at[group].min(position)
 
