@@ -145,10 +145,13 @@ def dyn_size(d: DynArray, axis: int = 0) -> jax.Array:
 def record_tree(name: str, tree: Any, *, axis: int = 0, theoretical_max: int | None = None) -> None:
     """Host side: records the size of every DynArray in ``tree`` (batched ones per example)."""
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, DynArray))
-    sizes = jax.device_get([dyn_size(d, axis) for d in leaves if isinstance(d, DynArray)])
+    # Whole shape arrays, sliced here: an overflow policy has usually fetched them already,
+    # and JAX keeps a fetched array's host copy, so this costs no second device round trip.
+    shapes = jax.device_get([d.actual_shape if d.true_shape is None else d.true_shape
+                             for d in leaves if isinstance(d, DynArray)])
     stats = get_stats(name, theoretical_max)
-    for s in sizes:
-        stats.record(np.asarray(s).reshape(-1))
+    for shape in shapes:
+        stats.record(np.asarray(shape)[..., axis].reshape(-1))
 
 
 def record_in_jit(name: str, d: DynArray, *, axis: int = 0,

@@ -98,16 +98,24 @@ def _is_traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
+def _overflowed_examples(dyns: list[DynArray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(actual, true)`` shape rows of every example that overflowed, over the DynArrays
+    that track a true shape (batched ones example by example), fetched in one transfer."""
+    shapes = jax.device_get([(d.actual_shape, d.true_shape) for d in dyns if d.true_shape is not None])
+    cut = []
+    for actual, true in shapes:
+        rank = np.shape(actual)[-1]
+        if rank:  # a rank-0 result has no dim to overflow
+            for a, t in zip(np.reshape(actual, (-1, rank)), np.reshape(true, (-1, rank))):
+                if (t > a).any():
+                    cut.append((a, t))
+    return cut
+
+
 def _needed_size(dyns: list[DynArray]) -> int:
     """The capacity the result would have needed: the largest true dim over every axis a
     DynArray overflowed (0 when none did). Axis-free, so it serves every output layout."""
-    shapes = jax.device_get([(d.actual_shape, d.true_shape) for d in dyns if d.true_shape is not None])
-    needed = 0
-    for actual, true in shapes:
-        over = np.asarray(true) > np.asarray(actual)
-        if over.any():
-            needed = max(needed, int(np.asarray(true)[over].max()))
-    return needed
+    return max((int(t[t > a].max()) for a, t in _overflowed_examples(dyns)), default=0)
 
 
 def _caller_site(skip_module: str) -> tuple[str, int]:
@@ -189,18 +197,13 @@ def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> i
     warning; a DynArray does not carry it."""
     if policy not in ("error", "warn"):
         raise ValueError(f"check_overflow: argument 'policy': expected 'error' or 'warn', got {policy!r}")
-    dyns = [d for d in _dyns(tree) if d.true_shape is not None]
-    shapes = jax.device_get([(d.actual_shape, d.true_shape) for d in dyns])
-    total, first = 0, None
-    for actual, true in shapes:
-        actual, true = np.asarray(actual).reshape(-1, actual.shape[-1]), np.asarray(true).reshape(-1, true.shape[-1])
-        for a, t in zip(actual, true):
-            over = np.flatnonzero(t > a)
-            if over.size:
-                total += int(np.prod(t) - np.prod(a))
-                first = first or (int(a[over[0]]), int(t[over[0]]))
-    if first is None:
+    cut = _overflowed_examples(_dyns(tree))
+    if not cut:
         return 0
+    total = sum(int(np.prod(t) - np.prod(a)) for a, t in cut)
+    a, t = cut[0]
+    over = int(np.flatnonzero(t > a)[0])
+    first = (int(a[over]), int(t[over]))
     msg = f"outputs overflowed their capacity; {total} elements lost in all"
     if policy == "error":
         raise CapacityOverflowError(op or "check_overflow", first[0], first[1], msg)
