@@ -76,9 +76,14 @@ def _on_host(shape: Any) -> bool:
         for d in shape)
 
 
+def dims_within(dims: np.ndarray, max_shape: tuple[int, ...]) -> bool:
+    """Whether every (batched) actual shape in host ``dims`` lies within ``[0, max_shape]``."""
+    return bool(np.all((dims >= 0) & (dims <= np.asarray(max_shape, np.int64))))
+
+
 def _check_dims(op: str, arg: str, dims: np.ndarray, max_shape: tuple[int, ...]) -> None:
     """Raises unless every (batched) actual shape in ``dims`` lies within ``[0, max_shape]``."""
-    if dims.shape[-1:] == (len(max_shape),) and not np.all((dims >= 0) & (dims <= max_shape)):
+    if dims.shape[-1:] == (len(max_shape),) and not dims_within(dims, max_shape):
         raise ValueError(f"{op}: argument '{arg}': expected dims in [0, max] with max shape "
                          f"{max_shape}, got {dims.tolist()}")
 

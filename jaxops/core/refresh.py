@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxops.core.dynarray import DynArray
+from jaxops.core.dynarray import DynArray, dims_within
 
 
 def _is_dyn(x: Any) -> bool:
@@ -34,7 +34,7 @@ def exact(data: np.ndarray, actual: np.ndarray, batch_ndim: int):
 def _check_fetched(data: np.ndarray, actual: np.ndarray, batch_ndim: int) -> None:
     """Raises unless every (batched) actual shape lies within the max shape."""
     max_shape = data.shape[batch_ndim:]
-    if np.any(actual < 0) or np.any(actual > np.asarray(max_shape, np.int64)):
+    if not dims_within(actual, max_shape):
         raise ValueError(f"refresh: a DynArray's actual shape {actual.tolist()} is outside its "
                          f"max shape {max_shape} (expected dims in [0, max])")
 
