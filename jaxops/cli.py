@@ -65,10 +65,29 @@ def cmd_golden(args, extra: list[str]) -> int:
         return 0
     if not args.op:
         raise UsageError("golden: name an operator (jaxops golden --list shows them)")
-    attrs = golden.parse_attr_args(args.op, extra)
+    attrs = _parse_attr_args(args.op, extra)
     path = golden.write_case(args.op, seed=args.seed, out=args.out, attrs=attrs)
     print(f"wrote {path} (+ {path.rsplit('.', 1)[0]}.json)")
     return 0
+
+
+def _parse_attr_args(op: str, argv: list[str]) -> dict:
+    """``--name value`` pairs as attrs typed by the OpDef (errors name op and attr)."""
+    from jaxops.core.errors import OpArgumentError
+    from jaxops.core.registry import get_op
+
+    opdef = get_op(op)  # looked up once for every pair
+    attrs = {}
+    it = iter(argv)
+    for flag in it:
+        if not flag.startswith("--"):
+            raise OpArgumentError(op, None, "attrs as --name value", repr(flag))
+        attr = opdef.attr(flag[2:].replace("-", "_"))  # unknown → "did you mean"
+        value = next(it, None)
+        if value is None:
+            raise OpArgumentError(op, attr.name, "a value after the flag", "nothing")
+        attrs[attr.name] = attr.parse_text(op, value)
+    return attrs
 
 
 def cmd_bench(args) -> int:

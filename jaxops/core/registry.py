@@ -124,6 +124,29 @@ class AttrDef:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         return f"{self.type}{' or None' if self.optional else ''}"
 
+    def parse_text(self, op: str, text: str) -> Any:
+        """Parses a command-line value into the attribute's type, then validates it.
+
+        Args:
+          op: the operator's name (for the error message).
+          text: the value as typed (``none`` for an optional attr; lists comma-separated;
+            bools as true/false, yes/no, on/off, 1/0).
+
+        Returns:
+          The value, cast and validated as :meth:`validate` does.
+
+        Examples:
+          >>> AttrDef("sizes", "list_int", default=()).parse_text("Doc", "2,3")
+          (2, 3)
+          >>> AttrDef("on", "bool", default=False).parse_text("Doc", "yes")
+          True
+        """
+        try:
+            value = _parse_text(self, text)
+        except ValueError:
+            raise OpArgumentError(op, self.name, self.describe(), repr(text)) from None
+        return self.validate(op, value)
+
     def validate(self, op: str, value: Any) -> Any:
         """Returns the value cast to the attribute's type, or raises naming op and attr."""
         if value is None and self.optional:
@@ -138,6 +161,27 @@ class AttrDef:
         if self.check is not None and not self.check(value):
             raise OpArgumentError(op, self.name, self.describe(), repr(value))
         return value
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _parse_text(attr: AttrDef, text: str) -> Any:
+    """The typed value of ``text`` for ``attr`` (ValueError when it does not parse)."""
+    if text.lower() == "none" and attr.optional:
+        return None
+    if attr.type == "int":
+        return int(text)
+    if attr.type == "float":
+        return float(text)
+    if attr.type == "bool":
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError(text)
+        return text.lower() in _TRUE
+    if attr.type in ("list_int", "list_float"):
+        cast = int if attr.type == "list_int" else float
+        return [cast(t) for t in text.split(",") if t]
+    return text
 
 
 @dataclasses.dataclass
@@ -256,14 +300,26 @@ class OpDef:
             self._check_input(param, value)
         return inputs, self.check_attrs(attrs or {})
 
+    def attr(self, name: str) -> AttrDef:
+        """The attribute called ``name``; an unknown name raises with close matches.
+
+        Examples:
+          >>> from jaxops.core.registry import get_op
+          >>> get_op("NonZero").attr("transpose").type
+          'bool'
+        """
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        known = [a.name for a in self.attrs]
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownAttrError(self.name, name, "one of its attrs: " + (", ".join(known) or "(none)"),
+                               "an unknown attr", hint)
+
     def check_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
-        known = {a.name: a for a in self.attrs}
         for name in attrs:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=3)
-                hint = f"Did you mean {', '.join(close)}?" if close else ""
-                raise UnknownAttrError(self.name, name, "one of its attrs: "
-                                       + (", ".join(known) or "(none)"), "an unknown attr", hint)
+            self.attr(name)  # an unknown name raises, with its "did you mean"
         out = {}
         for a in self.attrs:
             if a.name in attrs:

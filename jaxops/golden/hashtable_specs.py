@@ -1,67 +1,31 @@
-"""Input generators of the golden cases, one per operator (see :mod:`jaxops.golden`).
+"""Golden specs of the hash-table operators: tables as CANN bucket bytes before and after.
 
-Shapes are small and fixed so a case is easy to inspect; values come from the seed.
+Their inputs are fixed (a 64-slot, dim-4 table with about 24 live keys), so these cases take
+no ``--shape``/``--dtype``.
+
+>>> get_spec("EmbeddingHashTableExport").shape is None
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from jaxops.golden import GoldenSpec, register_golden
+import jaxops.hashtable as ht
+from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.outshape_format import encode, to_host_words
+from jaxops.core.registry import get_op
+from jaxops.golden.cases import GoldenRun, run_opdef
+from jaxops.golden.specs import GoldenSpec, get_spec, register_golden
 
+__all__: list[str] = []  # registers specs; nothing to import from here
 
-def _sparse_ints(rng: np.random.Generator, shape, density: float = 0.3) -> np.ndarray:
-    values = rng.integers(1, 10, shape).astype(np.int32)
-    return np.where(rng.random(shape) < density, values, 0).astype(np.int32)
-
-
-def _boxes(rng: np.random.Generator, batches: int, n: int) -> np.ndarray:
-    """Corner boxes [y1, x1, y2, x2] in a 100×100 image, crowded enough to suppress."""
-    centre = rng.uniform(10, 90, (batches, n, 2))
-    half = rng.uniform(3, 15, (batches, n, 2))
-    return np.concatenate([centre - half, centre + half], axis=-1).astype(np.float32)
-
-
-register_golden(GoldenSpec(
-    "NonZero", "indices of the non-zero elements of an int32 [4, 5, 6] tensor (30% set)",
-    lambda rng, attrs: [_sparse_ints(rng, (4, 5, 6))]))
-
-register_golden(GoldenSpec(
-    "Unique", "unique values of 64 int32 in [0, 20) with first indices, inverse and counts",
-    lambda rng, attrs: [rng.integers(0, 20, 64).astype(np.int32)]))
-
-register_golden(GoldenSpec(
-    "UniqueConsecutive", "runs of equal values in 64 int32 drawn from a few values",
-    lambda rng, attrs: [np.repeat(rng.integers(0, 5, 24), rng.integers(1, 4, 24))[:64].astype(np.int32)]))
-
-register_golden(GoldenSpec(
-    "MaskedSelect", "float32 [8, 8] elements where a random mask (40%) is set",
-    lambda rng, attrs: [rng.standard_normal((8, 8)).astype(np.float32), rng.random((8, 8)) < 0.4]))
-
-register_golden(GoldenSpec(
-    "NonMaxSuppression", "ONNX NMS: 2 batches × 3 classes × 40 crowded boxes",
-    lambda rng, attrs: [_boxes(rng, 2, 40), rng.random((2, 3, 40)).astype(np.float32)],
-    default_attrs={"max_output_boxes_per_class": 10, "iou_threshold": 0.5, "score_threshold": 0.1}))
-
-register_golden(GoldenSpec(
-    "BatchedNMS", "torchvision batched_nms: 60 boxes in 3 class groups, IoU threshold 0.1 (about 24 suppressed)",
-    lambda rng, attrs: [_boxes(rng, 1, 60)[0], rng.random(60).astype(np.float32),
-                        rng.integers(0, 3, 60).astype(np.int32)],
-    default_attrs={"iou_threshold": 0.1}))
-
-register_golden(GoldenSpec(
-    "EfficientNMS", "TensorRT EfficientNMS: 2 images × 40 crowded boxes × 3 classes",
-    lambda rng, attrs: [_boxes(rng, 2, 40), rng.random((2, 40, 3)).astype(np.float32)],
-    default_attrs={"max_output_boxes": 16, "iou_threshold": 0.5, "score_threshold": 0.2}))
-
-
-# -- hash tables ---------------------------------------------------------------------------
 
 def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim: int = 4):
     """A table with ~24 live keys (some exported once already, one evicted, counters > 1)
     and those keys."""
-    import jaxops.hashtable as ht
-
     keys = rng.integers(-2**62, 2**62, 30, dtype=np.int64)
     table = ht.init_table(bucket_size, dim, initializer_mode="random",
                           sampled_values=rng.standard_normal(bucket_size * dim).astype(np.float32))
@@ -71,27 +35,20 @@ def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim:
     return ht.evict(table, keys[:1]), keys[1:]
 
 
-def _run_export(inputs: list, attrs: dict):
-    """Export through tracing.launch, then the outputs in CANN's dtypes (int64 keys, uint64
-    counters) with the OP_OUTSHAPE words a CANN kernel writes for them."""
-    import dataclasses
-
-    import jaxops.hashtable as ht
-    from jaxops.golden import _launch
-    from tracing.outshape import encode, to_host_words
-
+def _run_export(inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
+    """The OpDef's run, then the outputs in CANN's dtypes (int64 keys, uint64 counters) with
+    the OP_OUTSHAPE words a CANN kernel writes for them."""
     (table,) = inputs[0]
     before = np.asarray(ht.to_cann_bytes(table))
-    result = _launch("EmbeddingHashTableExport", inputs, attrs)
-    keys, counters, flags, values = result.wire
-    n = int(result.outputs[2].shape[0])
+    run = run_opdef(get_op("EmbeddingHashTableExport"), inputs, attrs)
+    keys, counters, flags, values = run.wire
+    n = int(run.actual_shapes[2][0])
     wire = [_as_64(keys, np.int64), _as_64(counters, np.uint64), np.asarray(flags), np.asarray(values)]
     shapes = [(n,), (n,), (n,), (n, table.embedding_dim)]
     words = to_host_words(encode(shapes, np.int64, uint64_flag=True), np.int64)
-    exact = [w.reshape(-1)[:int(np.prod(s))].reshape(s) for w, s in zip(wire, shapes)]
     after_table = ht.export(table, **attrs)[0]
     extra = {"table_before_bytes": before, "table_after_bytes": np.asarray(ht.to_cann_bytes(after_table))}
-    return extra, dataclasses.replace(result, wire=wire, outputs=exact, outshape=words)
+    return extra, dataclasses.replace(run, wire=wire, outshape=words, actual_shapes=shapes)
 
 
 def _as_64(words: np.ndarray, dtype) -> np.ndarray:
@@ -114,10 +71,6 @@ def _table_case(call):
     in OpDef order; tables become CANN bucket bytes (the one before is saved too), optimizer
     state its stacked moments, a lookup's info its slots (counts as extra arrays)."""
     def run(inputs: list, attrs: dict):
-        import jaxops.hashtable as ht
-        from jaxops.core.impl_mode import OpImplMode
-        from tracing.executor import LaunchResult
-
         extra = {"table_before_bytes": np.asarray(ht.to_cann_bytes(inputs[0]))} \
             if isinstance(inputs[0], ht.HashTable) else {}
         if len(inputs) > 1 and isinstance(inputs[1], ht.AdamWState):
@@ -135,7 +88,7 @@ def _table_case(call):
                 extra.update({f"info_{k}": np.asarray(v) for k, v in fields.items()})
             else:
                 wire.append(np.asarray(out))
-        return extra, LaunchResult(wire, None, OpImplMode.HIGH_PRECISION, "xla", False, wire)
+        return extra, GoldenRun(wire, OpImplMode.HIGH_PRECISION)
     return run
 
 
@@ -156,8 +109,6 @@ def _table_inputs(rng: np.random.Generator):
 
 
 def _adam_inputs(rng: np.random.Generator, attrs: dict) -> list:
-    import jaxops.hashtable as ht
-
     table, keys = _table_inputs(rng)
     grad = rng.standard_normal((keys.size, table.embedding_dim)).astype(np.float32)
     hyper = [np.float32(v) for v in (0.01, 0.01, 0.9, 0.999, 1e-8)]  # lr, wd, b1, b2, eps
@@ -175,29 +126,24 @@ def _import_inputs(rng: np.random.Generator, attrs: dict) -> list:
 
 
 def _lookup(inputs, attrs):
-    import jaxops.hashtable as ht
     return ht.lookup_or_insert(inputs[0], inputs[1], **attrs)
 
 
 def _apply_adam_w(inputs, attrs):
-    import jaxops.hashtable as ht
     table, state, keys, grad, lr, wd, b1, b2, eps = inputs
     return ht.apply_adam_w(table, state, keys, grad, lr=lr, weight_decay=wd, beta1=b1,
                            beta2=b2, epsilon=eps, **attrs)
 
 
 def _evict(inputs, attrs):
-    import jaxops.hashtable as ht
     return (ht.evict(inputs[0], inputs[1], sampled_values=inputs[2], **attrs),)
 
 
 def _import(inputs, attrs):
-    import jaxops.hashtable as ht
     return ht.import_(*inputs)
 
 
 def _init(inputs, attrs):
-    import jaxops.hashtable as ht
     return (ht.init_table(attrs["bucket_size"], attrs["embedding_dim"], sampled_values=inputs[0],
                           **{k: v for k, v in attrs.items() if k not in ("bucket_size", "embedding_dim")}),)
 
