@@ -6,7 +6,7 @@ CPU client allocates afresh on every call; buffers of 32 MB and more come from `
 without transparent huge pages, and page-faulting them alone costs about 0.3 ms/MB here
 (numpy's own large arrays get huge pages). Rows with a realistic capacity show the
 algorithm; rows with ``size=None`` show the full price. Run
-``python -m benchmarks.ops --only dynamic``.
+``python -m benchmarks --only dynamic``.
 """
 
 from __future__ import annotations

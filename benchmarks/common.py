@@ -149,6 +149,30 @@ def report(results: list[Result], json_path: str | None) -> None:
         if r.note:
             print(f"  {r.name} vs {r.peer}: {r.note}")
     if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         write_json(results, json_path)
         print(f"wrote {json_path}")
+
+
+def plot_ratios(results: list[Result], path: str) -> str | None:
+    """Bar chart of ratios with target markers; ``None`` (and a note) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no matplotlib: skipping the PNG chart; pip install 'jaxops[plot]')")
+        return None
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(results) + 1.5))
+    names = [r.name for r in results]
+    colours = ["#55a868" if r.meets_target in (True, None) else "#c44e52" for r in results]
+    ax.barh(names, [r.ratio for r in results], color=colours)
+    for i, r in enumerate(results):
+        if r.target is not None:
+            ax.plot([r.target, r.target], [i - 0.4, i + 0.4], color="black", linewidth=2)
+    ax.axvline(1.0, color="grey", linestyle=":")
+    ax.set_xlabel("time ratio jaxops / peer (lower is better; black tick = target)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

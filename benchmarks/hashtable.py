@@ -1,6 +1,6 @@
 """Hash-table benchmarks, side by side with their peers in one process.
 
-Run ``python -m benchmarks.hashtable [--quick] [--json PATH]``. Full size is issue 5's: a
+Run ``python -m benchmarks --only hashtable [--quick]``. Full size is issue 5's: a
 table of 2M slots at load 0.5, embedding dim 8, batches of 1M keys, on this machine's CPU.
 
 - ``find`` of 1M present keys vs ``jnp.take`` of 1M rows from a dense 2M x 8 array (target:
@@ -13,14 +13,12 @@ table of 2M slots at load 0.5, embedding dim 8, batches of 1M keys, on this mach
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare, ensure_hugepages, report
+from benchmarks.common import Result, compare
 
 
 def _words(keys: np.ndarray) -> ht.Words64:
@@ -79,20 +77,3 @@ def run(quick: bool = False) -> list[Result]:
     results.append(compare(f"export {n} live entries", lambda: export(table), "numpy bool mask",
                            numpy_export, target=3.0, repeats=repeats))
     return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--no-hugepages", action="store_true",
-                        help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
-    parser.add_argument("--json", default="benchmarks/results/hashtable.json")
-    args = parser.parse_args(argv)
-    if not args.no_hugepages:
-        ensure_hugepages()
-    report(run(args.quick), args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

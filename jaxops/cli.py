@@ -1,11 +1,18 @@
 """The ``jaxops`` command line: the demo, the operator list, golden data and benchmarks.
 
     jaxops demo                 the main job (detection pipeline + hash-embedding training)
-    jaxops ops [NAME] [--json]  registered operators: ports, dtypes, attrs, modes, backends
+    jaxops ops [NAME] [--json]  registered operators: ports, dtypes, fill values, attrs,
+                                modes, backends
     jaxops golden OP [...]      a reference case for validating an Ascend kernel
-    jaxops bench [--quick]      benchmarks side by side with their peers
+                                (jaxops golden OP --help lists OP's attributes)
+    jaxops bench [...]          benchmarks side by side with their peers (python -m
+                                benchmarks in the source checkout; --help lists them)
 
-User errors (unknown operator, bad attribute value) print one line and exit with status 2.
+Every jaxops error (unknown operator, bad attribute value, bad --seed, an --out that
+cannot be written) prints one line ``jaxops: error: ...`` and exits with status 2.
+
+>>> main(["ops", "NoSuchOp"])
+2
 """
 
 from __future__ import annotations
@@ -14,18 +21,20 @@ import argparse
 import json
 import sys
 
-from jaxops.core.errors import JaxopsError
+from jaxops.core.errors import JaxopsError, OpArgumentError, UsageError
 
+__all__ = ["build_parser", "main"]
 
-class UsageError(Exception):
-    """A mistake in the command line: one line on stderr, exit status 2."""
+_UNTYPED = "no dtype declared (a non-tensor object)"
 
 
 def _format_op(summary: dict) -> str:
     lines = [f"{summary['name']}" + (f" — {summary['doc']}" if summary["doc"] else "")]
     for kind in ("inputs", "outputs"):
         for p in summary[kind]:
-            lines.append(f"  {kind[:-1]:6s} {p['name']:24s} {p['kind']:8s} {', '.join(p['dtypes'])}")
+            dtypes = ", ".join(p["dtypes"]) if p["dtypes"] != ["any"] else (p["doc"] or _UNTYPED)
+            fill = f"; fill {p['fill_value']!r}" if "fill_value" in p else ""
+            lines.append(f"  {kind[:-1]:6s} {p['name']:24s} {p['kind']:8s} {dtypes}{fill}")
     for a in summary["attrs"]:
         default = "required" if a["required"] else f"default {a['default']!r}"
         lines.append(f"  attr   {a['name']:24s} {a['type']:8s} {default}; accepts {a['accepts']}")
@@ -35,14 +44,11 @@ def _format_op(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_ops(args) -> int:
+def cmd_ops(args: argparse.Namespace) -> int:
     import jaxops
 
     names = [args.name] if args.name else jaxops.list_ops()
-    try:
-        summaries = [jaxops.get_op(n).summary() for n in names]
-    except KeyError as e:
-        raise UsageError(str(e)) from None
+    summaries = [jaxops.get_op(n).summary() for n in names]  # unknown → UnknownOpError, one line
     if args.json:
         print(json.dumps(summaries if not args.name else summaries[0], indent=2, default=str))
     else:
@@ -50,30 +56,37 @@ def cmd_ops(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from jaxops import demo
 
     return demo.main(quick=args.quick)
 
 
-def cmd_golden(args, extra: list[str]) -> int:
-    from jaxops import golden
+def _golden_help(op: str) -> str:
+    from jaxops.core.registry import REQUIRED, get_op
+    from jaxops.golden import get_spec
 
-    if args.list:
-        for name, doc in golden.list_cases():
-            print(f"{name:36s} {doc}")
-        return 0
-    if not args.op:
-        raise UsageError("golden: name an operator (jaxops golden --list shows them)")
-    attrs = _parse_attr_args(args.op, extra)
-    path = golden.write_case(args.op, seed=args.seed, out=args.out, attrs=attrs)
-    print(f"wrote {path} (+ {path.rsplit('.', 1)[0]}.json)")
-    return 0
+    spec, opdef = get_spec(op), get_op(op)
+    lines = [f"usage: jaxops golden {op} [--seed N] [--out PATH] "
+             + ("[--shape D,D,...] [--dtype NAME] " if spec.shape is not None else "")
+             + "[--ATTR VALUE ...]", "", spec.doc, ""]
+    if spec.shape is not None:
+        lines.append(f"inputs: --shape is {spec.shape_doc} (default "
+                     f"{','.join(map(str, spec.shape))}); --dtype its dtype (default {spec.dtype})")
+    else:
+        lines.append("inputs: fixed (no --shape/--dtype)")
+    lines.append("attributes (--name value; lists comma-separated, bools true/false):")
+    for a in opdef.attrs:
+        default = spec.default_attrs.get(a.name, a.default)
+        said = "required" if default is REQUIRED else f"default {default!r}"
+        lines.append(f"  --{a.name:30s} {a.type:10s} {said}; accepts {a.describe()}")
+    if not opdef.attrs:
+        lines.append("  (none)")
+    return "\n".join(lines)
 
 
 def _parse_attr_args(op: str, argv: list[str]) -> dict:
     """``--name value`` pairs as attrs typed by the OpDef (errors name op and attr)."""
-    from jaxops.core.errors import OpArgumentError
     from jaxops.core.registry import get_op
 
     opdef = get_op(op)  # looked up once for every pair
@@ -90,16 +103,48 @@ def _parse_attr_args(op: str, argv: list[str]) -> dict:
     return attrs
 
 
-def cmd_bench(args) -> int:
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise OpArgumentError("golden", "shape", "comma-separated non-negative ints such as "
+                              "4,5,6", repr(text)) from None
+
+
+def cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    from jaxops import golden
+
+    if args.help:
+        print(_golden_help(args.op) if args.op else parser.format_help())
+        return 0
+    if args.list:
+        for name, doc in golden.list_cases():
+            print(f"{name:36s} {doc}")
+        return 0
+    if not args.op:
+        raise UsageError("golden: name an operator (jaxops golden --list shows them)")
+    attrs = _parse_attr_args(args.op, extra)
+    path = golden.write_case(args.op, seed=args.seed, out=args.out, attrs=attrs,
+                             shape=_parse_shape(args.shape), dtype=args.dtype)
+    print(f"wrote {path} (+ {path.rsplit('.', 1)[0]}.json)")
+    return 0
+
+
+def cmd_bench(extra: list[str]) -> int:
     from jaxops import bench
 
-    return bench.main(quick=args.quick, json_path=args.json, png_path=args.png, only=args.only,
-                      hugepages=not args.no_hugepages)
+    return bench.main(extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxops", description=__doc__,
+    """The ``jaxops`` argument parser (golden's op attrs and bench's options pass through)."""
+    from jaxops import __version__
+
+    parser = argparse.ArgumentParser(prog="jaxops", description=__doc__.split("\n>>>")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"jaxops {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="run the main job on embedded synthetic data")
@@ -109,47 +154,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="show one operator")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("golden", help="write a golden reference case (.npz + .json) for an op",
+    p = sub.add_parser("golden", add_help=False,
+                       help="write a golden reference case (.npz + .json) for an op",
                        description="Write a golden case: inputs, outputs in wire layout, the "
                        "OP_OUTSHAPE tensor, attrs and impl mode. Op attrs are given as "
-                       "--name value (e.g. --size 16 --transpose true).")
+                       "--name value (e.g. --size 16 --transpose true); "
+                       "jaxops golden OP --help lists OP's.")
     p.add_argument("op", nargs="?", help="operator name (see --list)")
+    p.add_argument("-h", "--help", action="store_true",
+                   help="show this help, or with OP that operator's attributes and inputs")
     p.add_argument("--list", action="store_true", help="list the operators golden data exists for")
-    p.add_argument("--seed", type=int, default=0, help="random seed (output is deterministic per seed)")
-    p.add_argument("--out", help="output .npz path (default: golden_<OP>_seed<N>.npz)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed, a non-negative int (output is deterministic per seed)")
+    p.add_argument("--out", help="output .npz path, or an existing directory to write "
+                   "golden_<OP>_seed<N>.npz into (default: that name here); a missing "
+                   "directory is refused, as ht.save does")
+    p.add_argument("--shape", help="input shape, e.g. 4,5,6 (OP --help says which input)")
+    p.add_argument("--dtype", help="input dtype, e.g. float16, int8, bool, bfloat16")
+    p.set_defaults(subparser=p)  # golden prints its own help (with OP: the op's attributes)
 
-    p = sub.add_parser("bench", help="benchmarks side by side with their peers (ratios)")
-    p.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    p.add_argument("--only", help="run only benchmark modules whose name contains this")
-    p.add_argument("--json", default="benchmarks/results/bench.json", help="where to write JSON")
-    p.add_argument("--png", default="benchmarks/results/bench.png",
-                   help="where to write the bar chart (needs matplotlib)")
-    p.add_argument("--no-hugepages", action="store_true",
-                   help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which gives "
-                        "XLA's large CPU buffers the huge pages numpy uses")
+    sub.add_parser("bench", add_help=False,
+                   help="benchmarks side by side with their peers (ratios); "
+                        "jaxops bench --help lists the modules")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status (2 for any jaxops error)."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
     try:
         if args.command == "golden":
-            return cmd_golden(args, extra)
+            return cmd_golden(args, extra, args.subparser)
+        if args.command == "bench":
+            return cmd_bench(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return {"demo": cmd_demo, "ops": cmd_ops, "bench": cmd_bench}[args.command](args)
+        return {"demo": cmd_demo, "ops": cmd_ops}[args.command](args)
     except BrokenPipeError:  # `jaxops ops | head`: the reader left; not an error
         sys.stderr.close()
         return 0
-    except (UsageError, JaxopsError) as e:
-        print(f"jaxops {args.command}: error: {e}", file=sys.stderr)
+    except JaxopsError as e:
+        print(f"jaxops: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # e.g. an --out path that cannot be written
-        print(f"jaxops {args.command}: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
+        print(f"jaxops: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
               file=sys.stderr)
         return 2
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split("\n"))
 
 
 if __name__ == "__main__":

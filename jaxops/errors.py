@@ -1,7 +1,22 @@
-"""Public home of jaxops' exception classes (defined in :mod:`jaxops.core.errors`)."""
+"""Public home of jaxops' exception classes (defined in :mod:`jaxops.core.errors`).
 
-from jaxops.core.errors import (  # noqa: F401
-    AclError, BackendUnavailableError, CapacityOverflowError, DuplicateOpError, JaxopsError,
-    KernelNotFoundError, MissingInputError, OpArgumentError, OpDTypeError, OutshapeError,
-    UnknownAttrError, UnknownOpError, UnsupportedDTypeError, describe,
+Every error of the library subclasses :class:`JaxopsError`, so ``except JaxopsError``
+catches them all (the CLI does, and prints one line).
+
+>>> issubclass(UsageError, JaxopsError) and issubclass(OpArgumentError, ValueError)
+True
+"""
+
+from jaxops.core.errors import (
+    AclError, BackendUnavailableError, BenchmarksNotFound, CapacityOverflowError,
+    DuplicateOpError, JaxopsError, KernelNotFoundError, MissingInputError, OpArgumentError,
+    OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError, UnsupportedDTypeError,
+    UsageError, describe,
 )
+
+__all__ = [
+    "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
+    "DuplicateOpError", "JaxopsError", "KernelNotFoundError", "MissingInputError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
+    "UnsupportedDTypeError", "UsageError", "describe",
+]

@@ -60,6 +60,49 @@ def test_golden_writes_deterministic_case(tmp_path, capsys):
     assert golden.check_case(a)
 
 
+def test_golden_out_directory_and_missing_directory(tmp_path, capsys):
+    code, out, _ = run(["golden", "Unique", "--seed", "4", "--out", str(tmp_path)], capsys)
+    written = tmp_path / "golden_Unique_seed4.npz"
+    assert code == 0 and str(written) in out and written.exists()
+    assert (tmp_path / "golden_Unique_seed4.json").exists()
+    assert not (tmp_path.parent / f"{tmp_path.name}.npz").exists()  # not DIR.npz beside it
+    missing = tmp_path / "missing" / "case.npz"
+    code, out, err = run(["golden", "Unique", "--out", str(missing)], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "existing directory" in err
+    assert not missing.parent.exists()  # refused, not created (as ht.save refuses)
+
+
+def test_golden_shape_and_dtype_choose_the_inputs(tmp_path, capsys):
+    path = str(tmp_path / "ms.npz")
+    code, _, _ = run(["golden", "MaskedSelect", "--shape", "3,5,2", "--dtype", "float16",
+                      "--out", path], capsys)
+    case = golden.load_case(path)
+    x, mask = case["arrays"]["input_x"], case["arrays"]["input_mask"]
+    assert code == 0 and x.shape == (3, 5, 2) and x.dtype == np.float16 and mask.shape == (3, 5, 2)
+    assert case["input_shape"] == [3, 5, 2] and case["input_dtype"] == "float16"
+    n = int(mask.sum())
+    np.testing.assert_array_equal(case["arrays"]["output_y"][:n], x[mask])  # numpy's answer
+    assert golden.check_case(path)  # rebuilt with the recorded shape and dtype
+    path = str(tmp_path / "nms.npz")
+    run(["golden", "NonMaxSuppression", "--shape", "1,2,7", "--dtype", "bfloat16", "--out", path],
+        capsys)
+    arrays = golden.load_case(path)["arrays"]
+    assert arrays["input_boxes"].shape == (1, 7, 4) and str(arrays["input_scores"].dtype) == "bfloat16"
+
+
+def test_ops_shows_fill_values_and_untyped_ports(capsys):
+    code, out, _ = run(["ops", "Unique"], capsys)
+    rows = {ln.split()[1]: ln for ln in out.splitlines() if ln.startswith("  output")}
+    from jaxops.core.registry import get_op
+    op = get_op("Unique")
+    for k, p in enumerate(op.outputs):
+        assert rows[p.name].endswith(f"; fill {op.fill_value(k)!r}")
+    code, out, _ = run(["ops", "EmbeddingHashTableLookupOrInsert"], capsys)
+    assert code == 0 and " any" not in out and "int64 keys (see as_words)" in out
+    data = json.loads(run(["ops", "Unique", "--json"], capsys)[1])
+    assert [o["fill_value"] for o in data["outputs"]] == [0, -1, -1, 0]
+
+
 def test_golden_other_seed_differs(tmp_path):
     a = golden.load_case(golden.write_case("NonMaxSuppression", 1, str(tmp_path / "1.npz")))
     b = golden.load_case(golden.write_case("NonMaxSuppression", 2, str(tmp_path / "2.npz")))
@@ -73,10 +116,19 @@ def test_golden_other_seed_differs(tmp_path):
     (["golden", "NonMaxSuppression", "--center_point_box"], "a value after the flag"),
     (["golden", "NoSuchOp"], "unknown operator"),
     (["golden"], "name an operator"),
+    (["golden", "NonZero", "--seed", "-5"], "argument 'seed': expected a non-negative int, got -5"),
+    (["golden", "NonZero", "--shape", "3,a"], "argument 'shape'"),
+    (["golden", "NonZero", "--shape", "-3"], "argument 'shape'"),
+    (["golden", "NonMaxSuppression", "--shape", "3,4"], "expected 3 dims"),
+    (["golden", "NonZero", "--dtype", "float99"], "argument 'dtype'"),
+    (["golden", "BatchedNMS", "--dtype", "int32"], "BatchedNMS: argument 'boxes'"),
+    (["golden", "EmbeddingHashTableExport", "--dtype", "int8"], "fixed inputs"),
+    (["golden", "NonZero", "--trnaspose", "1"], "Did you mean transpose?"),
 ])
 def test_golden_user_errors(argv, fragment, capsys):
     code, _, err = run(argv, capsys)
     assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith("jaxops: error: ")
 
 
 def test_golden_records_a_truncating_size(tmp_path, capsys):
@@ -103,11 +155,34 @@ def test_golden_detects_a_tampered_case(tmp_path):
         golden.check_case(path)
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["ops"], ["golden"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["demo"], ["ops"]])
 def test_help_everywhere(command):
     with pytest.raises(SystemExit) as e:
         cli.main(command + ["--help"])
     assert e.value.code == 0
+
+
+def test_version(capsys):
+    import jaxops
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"jaxops {jaxops.__version__}"
+
+
+def test_golden_help_and_op_help_lists_its_attributes(capsys):
+    code, out, _ = run(["golden", "--help"], capsys)
+    assert code == 0 and "--seed" in out and "--shape" in out
+    code, out, _ = run(["golden", "NonMaxSuppression", "--help"], capsys)
+    assert code == 0 and "--shape is scores [batches, classes, boxes]" in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  --")}
+    from jaxops.core.registry import get_op
+    assert set(lines) == {f"--{a.name}" for a in get_op("NonMaxSuppression").attrs}
+    # name, type, the case's default (10, not the OpDef's) and what it accepts
+    assert "int" in lines["--max_output_boxes_per_class"] and "default 10;" in lines[
+        "--max_output_boxes_per_class"] and "accepts an int >= 0" in lines["--max_output_boxes_per_class"]
+    assert "accepts one of 0, 1" in lines["--center_point_box"]
+    code, out, _ = run(["golden", "EmbeddingHashTableExport", "--help"], capsys)
+    assert code == 0 and "fixed (no --shape/--dtype)" in out and "--export_mode" in out
 
 
 def test_bad_subcommand_arguments_exit_2():
@@ -122,14 +197,44 @@ def test_demo_quick(capsys):
     assert "kept" in out and "loss" in out and "occupancy" in out and "Summary" in out
 
 
-def test_bench_quick_nms_only(tmp_path, capsys):
-    code, out, _ = run(["bench", "--quick", "--no-hugepages", "--only", "nms",
-                        "--json", str(tmp_path / "b.json"),
-                        "--png", str(tmp_path / "b.png")], capsys)
-    assert code == 0 and "ratio" in out
-    data = json.loads((tmp_path / "b.json").read_text())
+def test_bench_runs_the_runner_and_writes_only_to_the_cache_dir(tmp_path, monkeypatch, capfd):
+    work, cache = tmp_path / "cwd", tmp_path / "cache"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    code = cli.main(["bench", "--quick", "--no-hugepages", "--only", "nms"])
+    out = capfd.readouterr().out
+    assert code == 0 and "ratio" in out and "\r" not in out  # stdout is no terminal here
+    assert list(work.iterdir()) == []  # nothing in the current directory
+    data = json.loads((cache / "jaxops" / "bench" / "bench.json").read_text())
     assert data["results"] and all(r["ratio"] > 0 and r["best_ratio"] > 0 for r in data["results"])
     assert data["meta"]["glibc_hugepages"] is False and "huge pages for large buffers: off" in out
+    assert (cache / "jaxops" / "bench" / "bench.png").exists()
+
+
+def test_bench_help_lists_modules_and_only_refuses_unknown_ones(capfd):
+    assert cli.main(["bench", "--help"]) == 0
+    out = capfd.readouterr().out
+    for name in ("cases_dynamic", "cases_nms", "hashtable"):
+        assert f"\n  {name} " in out
+    assert cli.main(["bench", "--only", "nope"]) == 2
+    err = capfd.readouterr().err
+    assert "--only 'nope': expected one of cases_dynamic, cases_nms, hashtable" in err
+
+
+def test_bench_out_is_taken_from_the_callers_directory(tmp_path, monkeypatch):
+    from jaxops import bench
+    monkeypatch.chdir(tmp_path)
+    assert bench._absolute_out(["--quick", "--out", "r", "--out=s"]) == [
+        "--quick", "--out", str(tmp_path / "r"), f"--out={tmp_path / 's'}"]
+
+
+def test_bench_without_checkout_is_one_line(tmp_path, monkeypatch, capsys):
+    import jaxops
+    monkeypatch.setattr(jaxops, "__file__", str(tmp_path / "site-packages" / "jaxops" / "__init__.py"))
+    code, out, err = run(["bench", "--quick"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("jaxops: error: the benchmarks live in a source checkout")
 
 
 def test_python_dash_m_entry_point():

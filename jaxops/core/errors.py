@@ -91,3 +91,11 @@ class AclError(JaxopsError, RuntimeError):
     def __init__(self, call: str, code: int):
         self.call, self.code = call, code
         super().__init__(f"{call} failed with aclError {code}")
+
+
+class UsageError(JaxopsError, ValueError):
+    """A mistake on the ``jaxops`` command line: one line on stderr, exit status 2."""
+
+
+class BenchmarksNotFound(JaxopsError, RuntimeError):
+    """``jaxops bench`` found no ``benchmarks/`` (jaxops installed without its checkout)."""

@@ -409,17 +409,33 @@ class OpDef:
                 kernel, static_argnames=tuple(a.name for a in self.attrs))
         return jitted
 
+    def fill_value(self, k: int) -> Any:
+        """The padding value of data-dependent output ``k`` (``None`` when none is declared).
+
+        Examples:
+          >>> from jaxops.core.registry import get_op
+          >>> get_op("Unique").fill_value(1), get_op("Unique").fill_value(3)
+          (-1, 0)
+        """
+        if not self.fill_values:
+            return None
+        return self.fill_values[min(k, len(self.fill_values) - 1)]
+
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly description (used by ``jaxops ops --json``)."""
         def attr_default(a: AttrDef):
             return None if a.default is REQUIRED else a.default
+
+        def port(p: TensorParam) -> dict[str, Any]:
+            return {"name": p.name, "kind": p.kind.value, "dtypes": p.dtype_names(), "doc": p.doc}
+
+        def fill(k: int) -> dict[str, Any]:
+            return {} if not self.fill_values else {"fill_value": self.fill_value(k)}
         return {
             "name": self.name,
             "doc": self.doc,
-            "inputs": [{"name": p.name, "kind": p.kind.value, "dtypes": p.dtype_names()}
-                       for p in self.inputs],
-            "outputs": [{"name": p.name, "kind": p.kind.value, "dtypes": p.dtype_names()}
-                        for p in self.outputs],
+            "inputs": [port(p) for p in self.inputs],
+            "outputs": [{**port(p), **fill(k)} for k, p in enumerate(self.outputs)],
             "attrs": [{"name": a.name, "type": a.type, "default": attr_default(a),
                        "required": a.default is REQUIRED, "accepts": a.describe()}
                       for a in self.attrs],

@@ -152,7 +152,7 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
             desc["true_shape"] = list(true)
             desc["overflowed"] = list(true) != desc.get("actual_shape")
         if opdef.fill_values:
-            desc["fill_value"] = opdef.fill_values[min(k, len(opdef.fill_values) - 1)]
+            desc["fill_value"] = opdef.fill_value(k)
         outputs_desc.append(desc)
     if run.outshape is not None:
         arrays["outshape"] = np.asarray(run.outshape)
@@ -279,4 +279,15 @@ def load_case(path: str | os.PathLike) -> dict[str, Any]:
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files if k != "description"}
         description = json.loads(z["description"].tobytes().decode())
-    return {**description, "arrays": arrays}
+    return {**description, "arrays": _restore_dtypes(arrays, description)}
+
+
+def _restore_dtypes(arrays: dict, description: dict) -> dict:
+    """``.npz`` stores dtypes numpy does not know (bfloat16) as raw bytes ``|V2``; the
+    description names them."""
+    import jax.numpy as jnp  # knows bfloat16
+
+    named = {f"{kind[:-1]}_{d['name']}": d["dtype"]["numpy"]
+             for kind in ("inputs", "outputs") for d in description.get(kind, [])}
+    return {k: a.view(jnp.dtype(named[k])) if a.dtype.kind == "V" and k in named else a
+            for k, a in arrays.items()}

@@ -1,0 +1,117 @@
+"""The golden package's layering and registration, the attr text parser, the errors' home."""
+
+import ast
+import inspect
+import pathlib
+
+import numpy as np
+import pytest
+
+import jaxops
+import jaxops.errors
+from jaxops import golden
+from jaxops.core import errors as core_errors
+from jaxops.core.errors import (DuplicateOpError, OpArgumentError, UnknownAttrError,
+                                UnknownOpError)
+from jaxops.core.registry import AttrDef, get_op
+
+GOLDEN = pathlib.Path(golden.__file__).parent
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module)
+    return names
+
+
+def test_golden_sits_below_tracing_and_has_no_circle():
+    imported = {p.stem: _imports(p) for p in GOLDEN.glob("*.py")}
+    for module, names in imported.items():
+        tracing = {n for n in names if n == "tracing" or n.startswith("tracing.")}
+        # the one exception is the capacity policy's warn_once, which issue 13 moves from
+        # tracing.overflow to jaxops.capacity (below the operators)
+        assert tracing <= {"tracing.overflow"}, (module, tracing)
+    # specs ← cases ← check; the per-operator specs import them, nothing imports the package
+    assert not {n for n in imported["specs"] if n.startswith("jaxops.golden")}
+    assert {n for n in imported["cases"] if n.startswith("jaxops.golden")} == {"jaxops.golden.specs"}
+    assert "jaxops.golden" not in imported["specs"] | imported["cases"] | imported["check"]
+
+
+def test_golden_case_for_an_unknown_op_raises_with_a_hint():
+    with pytest.raises(UnknownOpError, match="Did you mean: NonZero"):
+        golden.golden_case("NonZer0", "typo")(lambda rng, attrs: [])
+    with pytest.raises(DuplicateOpError, match="NonZero"):
+        golden.register_golden(golden.GoldenSpec("NonZero", "again", lambda rng, attrs: []))
+    assert "NonZer0" not in dict(golden.list_cases())
+
+
+def test_every_golden_spec_makes_inputs_its_opdef_accepts():
+    for op, _ in golden.list_cases():
+        spec, opdef = golden.get_spec(op), get_op(op)
+        rng = np.random.default_rng(0)
+        attrs = {**spec.default_attrs}
+        inputs = (spec.make_inputs(rng, attrs, spec.shape, spec.dtype) if spec.shape is not None
+                  else spec.make_inputs(rng, attrs))
+        opdef.check(inputs, attrs)  # raises naming the port when a generator is wrong
+
+
+@pytest.mark.parametrize("kind, text, want", [
+    ("int", "-3", -3), ("float", "0.25", 0.25), ("bool", "Yes", True), ("bool", "off", False),
+    ("list_int", "2,3,", (2, 3)), ("list_float", "0.5", (0.5,)), ("str", "new", "new"),
+])
+def test_attr_parse_text(kind, text, want):
+    got = AttrDef("a", kind, default=None, optional=True).parse_text("Doc", text)
+    assert got == want and type(got) is type(want)
+
+
+def test_attr_parse_text_errors_name_op_attr_and_text():
+    with pytest.raises(OpArgumentError, match=r"Doc: argument 'flag': expected bool, got 'maybe'"):
+        AttrDef("flag", "bool", default=False).parse_text("Doc", "maybe")
+    with pytest.raises(OpArgumentError, match=r"'n': expected an int >= 1, got 0"):
+        AttrDef("n", "int", 1, check=lambda v: v >= 1, expected="an int >= 1").parse_text("Doc", "0")
+    assert AttrDef("s", "int", None, optional=True).parse_text("Doc", "None") is None
+    with pytest.raises(OpArgumentError, match="'s': expected int, got 'None'"):
+        AttrDef("s", "int", 0).parse_text("Doc", "None")  # not optional: None is no value
+
+
+def test_opdef_attr_lookup_suggests_close_names():
+    assert get_op("NonMaxSuppression").attr("iou_threshold").type == "float"
+    with pytest.raises(UnknownAttrError, match="Did you mean iou_threshold"):
+        get_op("NonMaxSuppression").attr("iou_treshold")
+
+
+def test_case_with_chosen_inputs_matches_numpy_and_rechecks(tmp_path):
+    path = golden.write_case("Unique", 5, tmp_path / "u.npz", shape=(4, 6), dtype="int8")
+    case = golden.load_case(path)
+    x = case["arrays"]["input_x"]
+    values = np.unique(x)
+    assert x.shape == (4, 6) and x.dtype == np.int8
+    assert case["outputs"][0]["actual_shape"] == [values.size]
+    np.testing.assert_array_equal(case["arrays"]["output_y"][:values.size], values)
+    assert golden.check_case(path)
+
+
+def test_default_cases_record_no_chosen_shape(tmp_path):
+    case = golden.load_case(golden.write_case("NonZero", 0, tmp_path))
+    assert "input_shape" not in case and "input_dtype" not in case  # files stay as before
+
+
+def test_outshape_format_lives_in_the_core_and_tracing_reexports_it():
+    from jaxops.core import outshape_format
+    from tracing import outshape
+    for name in outshape_format.__all__:
+        assert getattr(outshape, name) is getattr(outshape_format, name)
+
+
+def test_jaxops_errors_reexports_every_exception_class():
+    classes = {name for name, obj in inspect.getmembers(core_errors, inspect.isclass)
+               if issubclass(obj, BaseException) and obj.__module__ == core_errors.__name__}
+    assert classes <= set(jaxops.errors.__all__)
+    for name in classes:
+        assert getattr(jaxops.errors, name) is getattr(core_errors, name)
+    assert issubclass(core_errors.UsageError, core_errors.JaxopsError)
+    assert issubclass(core_errors.BenchmarksNotFound, core_errors.JaxopsError)
