@@ -44,7 +44,7 @@ def _format_op(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_ops(args: argparse.Namespace) -> int:
+def _cmd_ops(args: argparse.Namespace) -> int:
     import jaxops
 
     names = [args.name] if args.name else jaxops.list_ops()
@@ -56,7 +56,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_demo(args: argparse.Namespace) -> int:
     from jaxops import demo
 
     return demo.main(quick=args.quick)
@@ -113,7 +113,7 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
                               "4,5,6", repr(text)) from None
 
 
-def cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     from jaxops import golden
 
     if args.help:
@@ -132,14 +132,18 @@ def cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.Argu
     return 0
 
 
-def cmd_bench(extra: list[str]) -> int:
+def _cmd_bench(extra: list[str]) -> int:
     from jaxops import bench
 
     return bench.main(extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jaxops`` argument parser (golden's op attrs and bench's options pass through)."""
+    """The ``jaxops`` argument parser (golden's op attrs and bench's options pass through).
+
+    >>> build_parser().parse_args(["ops", "Unique", "--json"]).name
+    'Unique'
+    """
     from jaxops import __version__
 
     parser = argparse.ArgumentParser(prog="jaxops", description=__doc__.split("\n>>>")[0],
@@ -180,18 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command line; returns the exit status (2 for any jaxops error)."""
+    """Runs the command line; returns the exit status (2 for any jaxops error).
+
+    >>> main(["golden", "NonZero", "--seed", "-1"])
+    2
+    """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
     try:
         if args.command == "golden":
-            return cmd_golden(args, extra, args.subparser)
+            return _cmd_golden(args, extra, args.subparser)
         if args.command == "bench":
-            return cmd_bench(extra)
+            return _cmd_bench(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return {"demo": cmd_demo, "ops": cmd_ops}[args.command](args)
+        return {"demo": _cmd_demo, "ops": _cmd_ops}[args.command](args)
     except BrokenPipeError:  # `jaxops ops | head`: the reader left; not an error
         sys.stderr.close()
         return 0

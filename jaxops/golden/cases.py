@@ -124,7 +124,7 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
       ((3, 4), dtype('bool'))
     """
     spec = get_spec(op)
-    opdef = get_op(op)
+    opdef = get_op(op)  # the one lookup of this case
     attrs = {**spec.default_attrs, **(attrs or {})}
     opdef.check_attrs(attrs)  # bad values fail before any work
     in_shape, in_dtype = input_shape_dtype(spec, shape, dtype)
@@ -134,7 +134,7 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
     inputs = spec.make_inputs(rng, attrs, in_shape, in_dtype) if spec.shape is not None \
         else spec.make_inputs(rng, attrs)
     _, full_attrs = opdef.check(inputs, attrs)
-    extra, run = spec.run(inputs, attrs) if spec.run else ({}, run_opdef(opdef, inputs, attrs))
+    extra, run = spec.run(opdef, inputs, attrs) if spec.run else ({}, run_opdef(opdef, inputs, attrs))
     arrays: dict[str, np.ndarray] = {}
     for p, x in zip(opdef.inputs, inputs):
         if x is not None and not isinstance(x, (list, tuple)) and hasattr(x, "dtype"):

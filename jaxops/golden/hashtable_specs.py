@@ -16,7 +16,7 @@ import numpy as np
 import jaxops.hashtable as ht
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.outshape_format import encode, to_host_words
-from jaxops.core.registry import get_op
+from jaxops.core.registry import OpDef
 from jaxops.golden.cases import GoldenRun, run_opdef
 from jaxops.golden.specs import GoldenSpec, get_spec, register_golden
 
@@ -35,12 +35,12 @@ def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim:
     return ht.evict(table, keys[:1]), keys[1:]
 
 
-def _run_export(inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
+def _run_export(opdef: OpDef, inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
     """The OpDef's run, then the outputs in CANN's dtypes (int64 keys, uint64 counters) with
     the OP_OUTSHAPE words a CANN kernel writes for them."""
     (table,) = inputs[0]
     before = np.asarray(ht.to_cann_bytes(table))
-    run = run_opdef(get_op("EmbeddingHashTableExport"), inputs, attrs)
+    run = run_opdef(opdef, inputs, attrs)
     keys, counters, flags, values = run.wire
     n = int(run.actual_shapes[2][0])
     wire = [_as_64(keys, np.int64), _as_64(counters, np.uint64), np.asarray(flags), np.asarray(values)]
@@ -70,7 +70,7 @@ def _table_case(call):
     """A ``run=`` for the table-changing operators: ``call(inputs, attrs)`` gives the outputs
     in OpDef order; tables become CANN bucket bytes (the one before is saved too), optimizer
     state its stacked moments, a lookup's info its slots (counts as extra arrays)."""
-    def run(inputs: list, attrs: dict):
+    def run(opdef: OpDef, inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
         extra = {"table_before_bytes": np.asarray(ht.to_cann_bytes(inputs[0]))} \
             if isinstance(inputs[0], ht.HashTable) else {}
         if len(inputs) > 1 and isinstance(inputs[1], ht.AdamWState):

@@ -32,7 +32,7 @@ class GoldenSpec:
     ``make_inputs(rng, attrs, shape, dtype)`` returns the inputs in OpDef order. ``shape``
     and ``dtype`` are the spec's defaults unless the user chose others (``--shape`` /
     ``--dtype``); ``shape=None`` means the case's inputs are fixed and neither can be
-    chosen, and ``shape_doc`` says which input ``shape`` is. ``run(inputs, attrs)``
+    chosen, and ``shape_doc`` says which input ``shape`` is. ``run(opdef, inputs, attrs)``
     (optional) replaces the default run of the OpDef and returns a dict of extra arrays plus
     the :class:`~jaxops.golden.cases.GoldenRun` (used by the hash-table operators for their
     CANN bucket bytes).
@@ -47,7 +47,7 @@ class GoldenSpec:
     doc: str
     make_inputs: Callable[..., list]
     default_attrs: dict = dataclasses.field(default_factory=dict)
-    run: Callable[[list, dict], tuple[dict, Any]] | None = None
+    run: Callable[[Any, list, dict], tuple[dict, Any]] | None = None
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     shape_doc: str = ""
@@ -120,9 +120,9 @@ def get_spec(op: str) -> GoldenSpec:
       >>> get_spec("Unique").shape
       (64,)
     """
-    get_op(op)  # unknown name → UnknownOpError listing close matches
     spec = _SPECS.get(op)
     if spec is None:
+        get_op(op)  # unknown name → UnknownOpError listing close matches
         raise OpArgumentError("golden", "OP", "an operator with a golden spec ("
                               + ", ".join(n for n, _ in list_cases()) + ")", repr(op))
     return spec
