@@ -78,6 +78,8 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
         the number of entries with slot -1 (int32).
     """
     n = slots.shape[0]
+    if n == 0:
+        return jnp.zeros(0, jnp.int32), grads, jnp.zeros((), jnp.int32)
     key = jnp.where(slots >= 0, slots.astype(jnp.int32), _LAST)
     key, order = jax.lax.sort((key, jnp.arange(n, dtype=jnp.int32)), num_keys=1)
     start = jnp.concatenate([jnp.ones(1, bool), key[1:] != key[:-1]])
