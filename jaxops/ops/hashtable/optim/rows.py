@@ -81,14 +81,16 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
     if n == 0:
         return jnp.zeros(0, jnp.int32), grads, jnp.zeros((), jnp.int32)
     key = jnp.where(slots >= 0, slots.astype(jnp.int32), _LAST)
-    key, order = jax.lax.sort((key, jnp.arange(n, dtype=jnp.int32)), num_keys=1)
-    start = jnp.concatenate([jnp.ones(1, bool), key[1:] != key[:-1]])
-    segment = jnp.cumsum(start, dtype=jnp.int32) - 1
-    summed = jax.ops.segment_sum(grads[order], segment, num_segments=n, indices_are_sorted=True)
-    first = jnp.where(start, segment, n)
-    slot = jnp.full(n, -1, jnp.int32).at[first].set(key, mode="drop", unique_indices=True)
+    # Sort the slots alone and let each entry find its group by binary search: a one-operand
+    # sort is ~5x faster on XLA:CPU than sorting (slot, index) pairs (65K slots: 11 ms vs
+    # 50-97 ms), and the gradients then need no permutation.
+    ordered = jnp.sort(key)
+    start = jnp.concatenate([jnp.ones(1, bool), ordered[1:] != ordered[:-1]])
+    first = jnp.where(start, jnp.cumsum(start, dtype=jnp.int32) - 1, n)
+    slot = jnp.full(n, _LAST).at[first].set(ordered, mode="drop", unique_indices=True)
+    group = jnp.searchsorted(slot, key).astype(jnp.int32)
+    summed = jax.ops.segment_sum(grads, jnp.where(key == _LAST, n, group), num_segments=n)
     slot = jnp.where(slot == _LAST, -1, slot)
-    summed = jnp.where((slot >= 0)[:, None], summed, 0)
     return slot, summed, jnp.sum(key == _LAST, dtype=jnp.int32)
 
 
@@ -97,7 +99,9 @@ def _per_slot(leaf: Any, bucket_size: int) -> bool:
 
 
 def _take(a: jax.Array, at: jax.Array) -> jax.Array:
-    return jnp.take(a, at, axis=0, mode="fill", fill_value=0)
+    # ``at`` is in range (padding reads slot 0, never written back): a plain gather, which
+    # is ~2.5x faster on XLA:CPU than mode="fill" (65K rows x 16: 4.4 vs 11 ms).
+    return a.at[at].get(mode="promise_in_bounds")
 
 
 def _put(a: jax.Array, at: jax.Array, rows: jax.Array) -> jax.Array:
@@ -128,11 +132,11 @@ def _apply(rule: Rule, table: HashTable, state: Any, slots: jax.Array, grads: ja
            step: Any) -> tuple[HashTable, Any]:
     size = table.bucket_size
     slot, grad, absent = sum_by_slot(slots, grads)
-    at = jnp.where(slot >= 0, slot, size)
+    at, read = jnp.where(slot >= 0, slot, size), jnp.maximum(slot, 0)
     leaves, tree = jax.tree.flatten(tuple(state[:-1]))
     touched = [_per_slot(x, size) for x in leaves]
-    rows = [_take(x, at) if t else x for x, t in zip(leaves, touched)]
-    new_rows, new_state = rule(_take(table.values, at), grad, tree.unflatten(rows), step)
+    rows = [_take(x, read) if t else x for x, t in zip(leaves, touched)]
+    new_rows, new_state = rule(_take(table.values, read), grad, tree.unflatten(rows), step)
     new_leaves = tree.flatten_up_to(tuple(new_state))
     out = [_put(x, at, y) if t else y for x, y, t in zip(leaves, new_leaves, touched)]
     values = _put(table.values, at, new_rows)
