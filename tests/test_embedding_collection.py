@@ -56,7 +56,8 @@ def test_shared_table_keys_are_salted_per_feature(share_ids):
     coll, batch = _collection(share_ids), _batch(rng)
     state, looked = coll.lookup(coll.init(jax.random.key(0)), batch)
     user, item = (_valid_ids(batch[f]) for f in ("user", "item"))
-    keys = np.concatenate([_salted("user", user, not share_ids), _salted("item", item, not share_ids)])
+    keys = np.concatenate([_salted("user", user, not share_ids),
+                           _salted("item", item, not share_ids)])
     table = state["shared"].table
     assert int(table.live) == len(np.unique(keys))
     slots = np.asarray(ht.locate(table, keys))
@@ -173,7 +174,8 @@ def test_int64_ids_with_x64_on():
 def test_bad_configurations_and_features_are_named():
     opt = ht.optim.sgd(0.1)
     with pytest.raises(OpArgumentError) as e:
-        EmbeddingCollection([TableConfig("a", 8, 2, ("x",), opt), TableConfig("b", 8, 2, ("x",), opt)])
+        EmbeddingCollection([TableConfig("a", 8, 2, ("x",), opt),
+                             TableConfig("b", 8, 2, ("x",), opt)])
     assert "'x'" in e.value.given
     with pytest.raises(OpArgumentError) as e:
         EmbeddingCollection([TableConfig("a", 8, 2, ("x",), opt, pooling="max")])

@@ -10,7 +10,8 @@ inside ``jax.jit`` as well.
 >>> b = Bags.from_lengths(np.array([7, 8, 9, 0], np.int64), np.array([2, 0, 1]))
 >>> b.segment.tolist(), b.num_bags, b.lengths().tolist()
 ([0, 0, 2, 3], 3, [2, 0, 1])
->>> Bags.from_dense(np.array([[4, 5], [6, 0]]), mask=np.array([[1, 1], [1, 0]], bool)).segment.tolist()
+>>> mask = np.array([[1, 1], [1, 0]], bool)
+>>> Bags.from_dense(np.array([[4, 5], [6, 0]]), mask=mask).segment.tolist()
 [0, 0, 1, 2]
 """
 

@@ -31,7 +31,7 @@ optimizer by slot; no table-sized gradient is ever formed:
 ...     return coll.apply_gradients(state, looked, grads)
 >>> state = train_step(state, batch)
 >>> {name: int(s.table.live) for name, s in state.items()}  # user 3 and item 3: two rows
-{'ids': 5, 'tags': 3}
+{'ids': 4, 'tags': 3}
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class RowOptimizer(NamedTuple):
 def resolve(value: Any, step: Any, op: str, arg: str) -> Any:
     """A hyper-parameter: a number (or array) as is, a schedule called at ``step``.
 
-    >>> resolve(0.1, None, "sgd", "learning_rate"), float(resolve(lambda s: s * 2.0, 3, "sgd", "lr"))
+    >>> resolve(0.1, None, "sgd", "lr"), float(resolve(lambda s: s * 2.0, 3, "sgd", "lr"))
     (0.1, 6.0)
     """
     if callable(value):

@@ -72,7 +72,7 @@ class AdamState(NamedTuple):
 
 
 class FtrlState(NamedTuple):
-    """``accumulator`` (sum of squared gradients) and ``linear``, per slot ``[bucket_size, dim]``."""
+    """``accumulator`` (sum of squared gradients) and ``linear``, per slot ``[slots, dim]``."""
 
     accumulator: jax.Array
     linear: jax.Array
