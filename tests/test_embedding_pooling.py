@@ -107,3 +107,14 @@ def test_bad_arguments_are_named():
     with pytest.raises(OpArgumentError) as e:
         Bags.from_lengths(np.arange(3), np.array([3]), weights=np.ones(2))
     assert e.value.arg == "weights"
+
+
+@pytest.mark.parametrize("lengths", [[2, 3], [-1, 2], [4, 1]])
+def test_bags_that_do_not_fit_the_ids_are_refused(lengths):
+    """Outside jit the sizes are checked: 4 ids cannot hold bags of 5, nor negative bags."""
+    with pytest.raises(OpArgumentError) as e:
+        Bags.from_lengths(np.arange(4), np.array(lengths))
+    assert e.value.arg == "lengths"
+    with pytest.raises(OpArgumentError) as e:
+        Bags.from_offsets(np.arange(4), np.concatenate([[0], np.cumsum(lengths)]))
+    assert e.value.arg == "offsets"

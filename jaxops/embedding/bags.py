@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
@@ -45,6 +46,18 @@ def _weights(op: str, weights: Any, n: int) -> jax.Array | None:
         raise OpArgumentError(op, "weights", f"one weight per id ({n})",
                               f"shape {tuple(weights.shape)}")
     return weights.reshape(n)
+
+
+def _check_ends(op: str, ends: jax.Array, start: jax.Array, n: int) -> None:
+    """Bags must fit the ids and not run backwards; checked when the sizes are concrete
+    (inside jit they cannot be: bags are then cut at ``n``)."""
+    if isinstance(ends, jax.core.Tracer) or isinstance(start, jax.core.Tracer):
+        return
+    bounds = np.concatenate([[int(start)], np.asarray(ends)])
+    if (np.diff(bounds) < 0).any() or bounds[0] < 0 or bounds[-1] > n:
+        arg = "lengths" if op.endswith("lengths") else "offsets"
+        raise OpArgumentError(op, arg, f"non-negative bag sizes ending within the {n} ids",
+                              f"bag bounds {bounds.tolist()}")
 
 
 @jax.tree_util.register_dataclass
@@ -117,6 +130,7 @@ class Bags:
         if len(words.shape) != 1:
             raise OpArgumentError(op, "ids", "a 1-D array of ids", f"shape {words.shape}")
         n, num_bags = words.shape[0], int(ends.shape[0])
+        _check_ends(op, ends, start, n)
         position = jnp.arange(n, dtype=jnp.int32)
         segment = jnp.searchsorted(ends, position, side="right").astype(jnp.int32)
         inside = position >= start if mask is None else (position >= start) & mask

@@ -5,8 +5,10 @@ initializer and pooling, and the features it serves (TorchRec's ``EmbeddingBagCo
 Features of one table share its memory; unless ``share_ids=True`` their ids are salted with
 a 64-bit value derived from the feature's name (XOR, so distinct ids of a feature stay
 distinct keys), so id 5 of ``"user"`` and id 5 of ``"item"`` get different rows. With
-``share_ids=True`` they get the same row (TorchRec's shared embedding). The id -1 is the
-padding key (CANN's unused key); padding is never inserted.
+``share_ids=True`` they get the same row (TorchRec's shared embedding). A table that serves
+one feature stores its raw ids (so adding a feature to it later changes the first one's
+keys). The id -1 is the padding key (CANN's unused key); padding is never inserted, and a
+real id that salts to -1 (one in 2**64) is counted as padding in ``info.filtered``.
 
 A training step is lookup → pool → gradient w.r.t. the looked-up rows (O(batch)) → row
 optimizer by slot; no table-sized gradient is ever formed:
