@@ -22,6 +22,8 @@ from jaxops.ops.hashtable.resize import resize
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
                                         as_words, join_words, to_host_int64)
 
+from jaxops.hashtable import optim  # noqa: E402,F401  (jaxops.hashtable.optim, row optimizers)
+
 __all__ = [
     "EVICTED", "EXPORT", "FILTER", "VALID", "AdamWState", "CheckpointError", "HashTable",
     "ImportInfo", "LookupInfo", "Words64", "adam_w_init", "apply_adam_w", "as_words", "evict",

@@ -1,0 +1,261 @@
+"""``EmbeddingCollection``: named id features on hash tables, pooled per bag, trained by slot.
+
+Each :class:`TableConfig` is one hash table with its own ``embedding_dim``, row optimizer,
+initializer and pooling, and the features it serves (TorchRec's ``EmbeddingBagConfig``).
+Features of one table share its memory; unless ``share_ids=True`` their ids are salted with
+a 64-bit value derived from the feature's name (XOR, so distinct ids of a feature stay
+distinct keys), so id 5 of ``"user"`` and id 5 of ``"item"`` get different rows. With
+``share_ids=True`` they get the same row (TorchRec's shared embedding). A table that serves
+one feature stores its raw ids (so adding a feature to it later changes the first one's
+keys). The id -1 is the padding key (CANN's unused key); padding is never inserted, and a
+real id that salts to -1 (one in 2**64) is counted as padding in ``info.filtered``.
+
+A training step is lookup → pool → gradient w.r.t. the looked-up rows (O(batch)) → row
+optimizer by slot; no table-sized gradient is ever formed:
+
+>>> import numpy as np, jax, jax.numpy as jnp, jaxops.hashtable as ht
+>>> from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
+>>> coll = EmbeddingCollection([
+...     TableConfig("ids", 64, 4, features=("user", "item"), optimizer=ht.optim.adagrad(0.1)),
+...     TableConfig("tags", 32, 2, features=("tags",), optimizer=ht.optim.sgd(0.1),
+...                 pooling="mean", initializer=0.0)])
+>>> state = coll.init(jax.random.key(0))
+>>> batch = {"user": Bags.from_lengths(np.array([3, 4]), np.array([1, 1])),
+...          "item": Bags.from_lengths(np.array([3, 9, 9]), np.array([2, 1])),
+...          "tags": Bags.from_dense(np.array([[5, 6], [7, 0]]), mask=np.array([[1, 1], [1, 0]]))}
+>>> @jax.jit
+... def train_step(state, batch):
+...     state, looked = coll.lookup(state, batch)
+...     def loss(rows):
+...         pooled = coll.pool(looked, rows)
+...         return sum(jnp.sum(p ** 2) for p in pooled.values())
+...     grads = jax.grad(loss)(looked.rows)
+...     return coll.apply_gradients(state, looked, grads)
+>>> state = train_step(state, batch)
+>>> {name: int(s.table.live) for name, s in state.items()}  # user 3 and item 3: two rows
+{'ids': 4, 'tags': 3}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.embedding.bags import Bags
+from jaxops.embedding.pooling import check_pooling, pool
+from jaxops.hashtable import HashTable, LookupInfo, Words64, gather, init_table, locate
+from jaxops.hashtable import lookup_or_insert
+from jaxops.hashtable.optim import RowOptimizer
+
+__all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableState", "feature_salt"]
+
+_OP = "EmbeddingCollection"
+_PAD = np.uint32(0xFFFFFFFF)  # both words of the padding key -1
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One hash table and the features it serves.
+
+    Attributes:
+        name: the table's name (a key of the collection's state).
+        bucket_size: slots of the table.
+        embedding_dim: floats per row.
+        features: names of the features looked up in this table.
+        optimizer: the row optimizer (``jaxops.hashtable.optim``).
+        initializer: the rows new keys start with: None for uniform in ``[-0.05, 0.05]``
+            (``init_table``'s random mode), a float for a constant, or a JAX initializer
+            ``f(key, shape, dtype)`` (``jax.nn.initializers``).
+        pooling: ``"sum"``, ``"mean"`` or ``"sqrtn"`` for every feature of the table.
+        share_ids: features see one id space (same id, same row) instead of salted keys.
+    """
+
+    name: str
+    bucket_size: int
+    embedding_dim: int
+    features: tuple[str, ...]
+    optimizer: RowOptimizer
+    initializer: float | Callable[..., jax.Array] | None = None
+    pooling: str = "sum"
+    share_ids: bool = False
+
+
+class TableState(NamedTuple):
+    """A table and its optimizer state (the collection's state maps table names to these)."""
+
+    table: HashTable
+    opt_state: Any
+
+
+class Lookup(NamedTuple):
+    """What :meth:`EmbeddingCollection.lookup` read, per feature (and per table for ``info``).
+
+    Attributes:
+        rows: feature → float ``[N, dim]``, the row of each id (zeros for padding).
+        slots: feature → int32 ``[N]``, the slot of each id (-1: padding, not placed).
+        bags: feature → the :class:`Bags` looked up.
+        info: table → ``LookupInfo`` of its ``lookup_or_insert`` (None when not inserting);
+            ``unplaced`` counts ids lost to a full table, ``filtered`` the padding.
+    """
+
+    rows: dict[str, jax.Array]
+    slots: dict[str, jax.Array]
+    bags: dict[str, Bags]
+    info: dict[str, LookupInfo | None]
+
+
+def feature_salt(name: str) -> tuple[np.uint32, np.uint32]:
+    """The 64-bit salt of a feature, as ``(lo, hi)`` words: the first 8 bytes of BLAKE2b of
+    its name (stable across processes and feature order, so checkpoints stay valid).
+
+    >>> [hex(w) for w in feature_salt("user")] == [hex(w) for w in feature_salt("user")]
+    True
+    """
+    lo, hi = np.frombuffer(hashlib.blake2b(name.encode(), digest_size=8).digest(), "<u4")
+    return np.uint32(lo), np.uint32(hi)
+
+
+def _initial_values(config: TableConfig, key: jax.Array) -> HashTable:
+    init = config.initializer
+    size, dim = config.bucket_size, config.embedding_dim
+    if init is None:
+        return init_table(size, dim, key=key)
+    if callable(init):
+        return init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32))
+    return init_table(size, dim, initializer_mode="constant", constant_value=float(init))
+
+
+class EmbeddingCollection:
+    """Named features on hash tables (see the module docstring for a training step).
+
+    Args:
+        tables: the :class:`TableConfig` of each table; every feature in exactly one.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig]):
+        self.tables = tuple(tables)
+        self._table_of: dict[str, TableConfig] = {}
+        names = set()
+        for config in self.tables:
+            if not isinstance(config, TableConfig) or config.name in names:
+                raise OpArgumentError(_OP, "tables", "TableConfigs with distinct names",
+                                      repr(getattr(config, "name", config)))
+            names.add(config.name)
+            check_pooling(_OP, config.pooling)
+            if isinstance(config.features, str) or not config.features:
+                raise OpArgumentError(_OP, f"{config.name}.features",
+                                      "a non-empty tuple of feature names", repr(config.features))
+            for feature in config.features:
+                if feature in self._table_of:
+                    raise OpArgumentError(_OP, "tables", "each feature in one table",
+                                          f"{feature!r} in {self._table_of[feature].name!r} "
+                                          f"and {config.name!r}")
+                self._table_of[feature] = config
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Every feature, in table order."""
+        return tuple(self._table_of)
+
+    def init(self, key: jax.Array) -> dict[str, TableState]:
+        """Empty tables (rows from each initializer) and their optimizer states."""
+        state = {}
+        for i, config in enumerate(self.tables):
+            table = _initial_values(config, jax.random.fold_in(key, i))
+            state[config.name] = TableState(table, config.optimizer.init(table))
+        return state
+
+    def _keys(self, config: TableConfig, feature: str, bags: Bags) -> Words64:
+        ids = bags.ids
+        if not config.share_ids and len(config.features) > 1:
+            lo, hi = feature_salt(feature)
+            ids = Words64(ids.lo ^ lo, ids.hi ^ hi)
+        return Words64(jnp.where(bags.valid, ids.lo, _PAD), jnp.where(bags.valid, ids.hi, _PAD))
+
+    def _grouped(self, features: Mapping[str, Any]) -> dict[str, list[str]]:
+        unknown = [f for f in features if f not in self._table_of]
+        if unknown:
+            raise OpArgumentError(_OP, "features", f"names among {list(self._table_of)}",
+                                  repr(unknown))
+        for name, bags in features.items():
+            if not isinstance(bags, Bags):
+                raise OpArgumentError(_OP, f"features[{name!r}]", "a jaxops.embedding.Bags",
+                                      type(bags).__name__)
+        groups: dict[str, list[str]] = {}
+        for config in self.tables:
+            given = [f for f in config.features if f in features]
+            if given:
+                groups[config.name] = given
+        return groups
+
+    def lookup(self, state: Mapping[str, TableState], features: Mapping[str, Bags], *,
+               insert: bool = True) -> tuple[dict[str, TableState], Lookup]:
+        """Rows and slots of every id of ``features`` (one probe per table).
+
+        Args:
+            state: from :meth:`init`.
+            features: feature name → :class:`Bags` (any subset of the features).
+            insert: insert absent ids (training); False reads only (absent ids: zero rows,
+                slot -1).
+
+        Returns:
+            ``(state, lookup)``: the state with ids inserted and counted, and a
+            :class:`Lookup` to pool and to apply gradients with.
+        """
+        state = dict(state)
+        rows, slots, bags, info = {}, {}, {}, {}
+        for table_name, group in self._grouped(features).items():
+            config = next(c for c in self.tables if c.name == table_name)
+            keys = [self._keys(config, f, features[f]) for f in group]
+            words = Words64(jnp.concatenate([k.lo for k in keys]),
+                            jnp.concatenate([k.hi for k in keys]))
+            table = state[table_name].table
+            if insert:
+                table, got, info[table_name] = lookup_or_insert(
+                    table, words, filter_key_flag=True, filter_key=-1)
+                at = info[table_name].slots
+                state[table_name] = state[table_name]._replace(table=table)
+            else:
+                at = locate(table, words)
+                at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
+                got, info[table_name] = gather(table.values, at), None
+            bounds = np.cumsum([k.lo.shape[0] for k in keys])[:-1]
+            for f, r, s in zip(group, jnp.split(got, bounds), jnp.split(at, bounds)):
+                rows[f], slots[f], bags[f] = r, s, features[f]
+        return state, Lookup(rows, slots, bags, info)
+
+    def pool(self, lookup: Lookup, rows: Mapping[str, jax.Array] | None = None
+             ) -> dict[str, jax.Array]:
+        """feature → pooled ``[num_bags, dim]`` with its table's pooling; ``rows`` replaces
+        ``lookup.rows`` (pass the rows you differentiate with respect to)."""
+        rows = lookup.rows if rows is None else rows
+        return {f: pool(rows[f], lookup.bags[f], self._table_of[f].pooling) for f in lookup.bags}
+
+    def apply_gradients(self, state: Mapping[str, TableState], lookup: Lookup,
+                        grads: Mapping[str, jax.Array], step: Any = None
+                        ) -> dict[str, TableState]:
+        """Each table's row optimizer on its features' row gradients, by slot (one update
+        per table; duplicate ids across its features are summed).
+
+        Args:
+            state: the state after :meth:`lookup`.
+            lookup: what :meth:`lookup` returned.
+            grads: feature → float ``[N, dim]``, d loss / d ``lookup.rows[feature]``.
+            step: the global step (schedules; Adam's global bias correction).
+        """
+        state = dict(state)
+        for table_name, group in self._grouped(lookup.bags).items():
+            config = next(c for c in self.tables if c.name == table_name)
+            slots = jnp.concatenate([lookup.slots[f] for f in group])
+            g = jnp.concatenate([grads[f] for f in group])
+            table, opt_state = config.optimizer.update(state[table_name].table,
+                                                       state[table_name].opt_state, slots, g,
+                                                       step)
+            state[table_name] = TableState(table, opt_state)
+        return state

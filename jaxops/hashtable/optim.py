@@ -1,0 +1,21 @@
+"""Row optimizers for hash tables, optax-style: each factory returns ``(init, update)``.
+
+``update(table, state, slots, grads, step=None)`` moves only the rows at ``slots`` (from
+``lookup_or_insert``'s ``info.slots``; -1 is skipped and counted), sums duplicate slots
+first, costs O(batch) and writes into the table's and state's buffers in place when a
+jitted step donates them.
+
+>>> import numpy as np, jax, jax.numpy as jnp, jaxops.hashtable as ht
+>>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
+>>> t, rows, info = ht.lookup_or_insert(t, np.array([7, -3, 7], np.int64))
+>>> opt = ht.optim.rowwise_adagrad(0.1)
+>>> step = jax.jit(opt.update, donate_argnums=(0, 1))
+>>> t, state = step(t, opt.init(t), info.slots, jnp.ones((3, 2)))
+>>> int(state.skipped), ht.find(t, np.array([-3], np.int64))[0].shape
+(0, (1, 2))
+"""
+
+from jaxops.ops.hashtable import optim as _impl
+from jaxops.ops.hashtable.optim import *  # noqa: F401,F403  (the names in _impl.__all__)
+
+__all__ = list(_impl.__all__)

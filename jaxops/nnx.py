@@ -1,0 +1,97 @@
+"""Flax NNX layer for hash-table embeddings (optional extra: ``pip install jaxops[flax]``).
+
+:class:`Embedding` holds an :class:`~jaxops.embedding.EmbeddingCollection`'s tables and row
+optimizer states in an :class:`EmbeddingTables` variable (not an ``nnx.Param``, so
+``nnx.Optimizer`` and ``nnx.grad`` leave it alone and no table-sized gradient is formed).
+Calling it returns pooled embeddings (a read-only lookup: unseen ids give zeros). A
+training step inserts ids with :meth:`Embedding.lookup`, differentiates the loss w.r.t. the
+looked-up rows alongside the dense parameters, and hands the row gradients to
+:meth:`Embedding.apply_gradients` (the row optimizer, by slot):
+
+>>> import numpy as np, jax, jax.numpy as jnp, optax
+>>> from flax import nnx
+>>> import jaxops.hashtable as ht, jaxops.nnx
+>>> from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
+>>> class Model(nnx.Module):
+...     def __init__(self, rngs):
+...         self.embed = jaxops.nnx.Embedding(EmbeddingCollection(
+...             [TableConfig("ids", 256, 4, ("user",), ht.optim.adagrad(0.1))]), rngs=rngs)
+...         self.head = nnx.Linear(4, 1, rngs=rngs)
+...     def __call__(self, features, rows=None, looked=None):
+...         pooled = self.embed(features) if looked is None else self.embed.pool(looked, rows)
+...         return self.head(pooled["user"])[:, 0]
+>>> model = Model(nnx.Rngs(0))
+>>> optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+>>> @nnx.jit(donate_argnums=(0, 1))
+... def train_step(model, optimizer, features, labels):
+...     looked = model.embed.lookup(features)
+...     def loss_fn(model, rows):
+...         logits = model(features, rows, looked)
+...         return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
+...     loss, (grads, row_grads) = nnx.value_and_grad(loss_fn, argnums=(0, 1))(model, looked.rows)
+...     optimizer.update(model, grads)
+...     model.embed.apply_gradients(looked, row_grads)
+...     return loss
+>>> features = {"user": Bags.from_lengths(np.array([3, 4, 4, 9]), np.array([2, 2]))}
+>>> losses = [float(train_step(model, optimizer, features, jnp.array([1.0, 0.0])))
+...           for _ in range(5)]
+>>> losses[-1] < losses[0], int(model.embed.state["ids"].table.live)
+(True, 3)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+from flax import nnx
+
+from jaxops.embedding import Bags, EmbeddingCollection, Lookup, TableState
+
+__all__ = ["Embedding", "EmbeddingTables"]
+
+
+class EmbeddingTables(nnx.Variable):
+    """The collection's state (table name → ``TableState``): updated by the row optimizers,
+    never by ``nnx.Optimizer``."""
+
+
+class Embedding(nnx.Module):
+    """Pooled hash-table embeddings as an NNX module (see the module docstring).
+
+    Args:
+        collection: the features and tables.
+        rngs: ``nnx.Rngs``; ``rngs.params()`` draws the tables' initial rows.
+    """
+
+    def __init__(self, collection: EmbeddingCollection, *, rngs: nnx.Rngs):
+        self.collection = collection
+        self.tables = EmbeddingTables(collection.init(rngs.params()))
+
+    @property
+    def state(self) -> dict[str, TableState]:
+        """Table name → ``TableState`` (the table and its row optimizer state)."""
+        return self.tables.get_value()
+
+    def __call__(self, features: Mapping[str, Bags]) -> dict[str, jax.Array]:
+        """feature → pooled ``[num_bags, dim]``, reading only (unseen ids are zero rows)."""
+        _, looked = self.collection.lookup(self.state, features, insert=False)
+        return self.collection.pool(looked)
+
+    def lookup(self, features: Mapping[str, Bags]) -> Lookup:
+        """Inserts the ids (training) and returns what :meth:`pool` and
+        :meth:`apply_gradients` need."""
+        state, looked = self.collection.lookup(self.state, features)
+        self.tables.set_value(state)
+        return looked
+
+    def pool(self, looked: Lookup, rows: Mapping[str, jax.Array] | None = None
+             ) -> dict[str, jax.Array]:
+        """Pooled embeddings of ``looked`` (with ``rows`` in place of ``looked.rows``)."""
+        return self.collection.pool(looked, rows)
+
+    def apply_gradients(self, looked: Lookup, row_grads: Mapping[str, jax.Array],
+                        step: Any = None) -> None:
+        """Each table's row optimizer on d loss / d ``looked.rows``, by slot."""
+        self.tables.set_value(self.collection.apply_gradients(self.state, looked, row_grads,
+                                                              step))

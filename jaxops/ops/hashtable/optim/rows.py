@@ -1,0 +1,183 @@
+"""The machinery every row optimizer shares: sum a batch's gradients per slot, read the
+touched rows (and their optimizer state), apply a rule, write them back.
+
+Everything here is O(batch): duplicates are combined by sorting the batch's slots (no
+``[bucket_size]`` temporaries), and only the touched rows are read and written, with
+scatters into the table's and the state's own buffers, which XLA updates in place when the
+caller's ``jax.jit`` donates them.
+
+>>> import jax.numpy as jnp
+>>> slot, g, absent = sum_by_slot(jnp.array([4, -1, 4, 2]), jnp.ones((4, 1)))
+>>> slot.tolist(), g[:, 0].tolist(), int(absent)
+([2, 4, -1, -1], [1.0, 2.0, 0.0, 0.0], 1)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.ops.hashtable.table import HashTable
+
+__all__ = ["RowOptimizer", "make_row_optimizer", "resolve", "sum_by_slot"]
+
+_LAST = np.int32(np.iinfo(np.int32).max)  # sorts absent slots (-1) after every real slot
+
+#: ``rule(rows, grads, state_rows, step) -> (new_rows, new_state_rows)``: the optimizer's
+#: math on the touched rows only (``[K, dim]``), with every per-slot state leaf gathered the
+#: same way and every other leaf (a global count) passed whole.
+Rule = Callable[[jax.Array, jax.Array, tuple, Any], tuple[jax.Array, tuple]]
+
+
+class RowOptimizer(NamedTuple):
+    """An optax-style pair for hash-table rows.
+
+    Attributes:
+        init: ``init(table) -> state``: the optimizer state beside ``table`` (a NamedTuple
+            of per-slot arrays, each its own buffer, and a ``skipped`` count).
+        update: ``update(table, state, slots, grads, step=None) -> (table, state)``: one
+            step on the rows at ``slots`` (int, any shape; -1 = absent, skipped and counted
+            in ``state.skipped``) with ``grads`` (``slots.shape + (dim,)``); gradients of
+            duplicate slots are summed first. ``step`` is the global step (optax's
+            ``count``: updates done before this one), needed by learning-rate schedules.
+    """
+
+    init: Callable[..., Any]
+    update: Callable[..., tuple[HashTable, Any]]
+
+
+def resolve(value: Any, step: Any, op: str, arg: str) -> Any:
+    """A hyper-parameter: a number (or array) as is, a schedule called at ``step``.
+
+    >>> resolve(0.1, None, "sgd", "lr"), float(resolve(lambda s: s * 2.0, 3, "sgd", "lr"))
+    (0.1, 6.0)
+    """
+    if callable(value):
+        if step is None:
+            raise OpArgumentError(op, "step", f"the global step when '{arg}' is a schedule",
+                                  "None", "Pass update(..., step=count).")
+        return value(step)
+    return value
+
+
+def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Combines a batch's gradients per slot, by sorting the batch (O(batch)).
+
+    Args:
+        slots: int ``[N]``; -1 marks an absent key.
+        grads: float ``[N, dim]``.
+
+    Returns:
+        ``(slot, grad, absent)``: the distinct slots in ascending order, then -1 padding
+        (int32 ``[N]``); the summed gradient of each (``[N, dim]``, zeros on padding); and
+        the number of entries with slot -1 (int32).
+    """
+    n = slots.shape[0]
+    if n == 0:
+        return jnp.zeros(0, jnp.int32), grads, jnp.zeros((), jnp.int32)
+    key = jnp.where(slots >= 0, slots.astype(jnp.int32), _LAST)
+    # Sort the slots alone and let each entry find its group by binary search: a one-operand
+    # sort is ~5x faster on XLA:CPU than sorting (slot, index) pairs (65K slots: 11 ms vs
+    # 50-97 ms), and the gradients then need no permutation.
+    ordered = jnp.sort(key)
+    start = jnp.concatenate([jnp.ones(1, bool), ordered[1:] != ordered[:-1]])
+    first = jnp.where(start, jnp.cumsum(start, dtype=jnp.int32) - 1, n)
+    slot = jnp.full(n, _LAST).at[first].set(ordered, mode="drop", unique_indices=True)
+    group = jnp.searchsorted(slot, key).astype(jnp.int32)
+    summed = jax.ops.segment_sum(grads, jnp.where(key == _LAST, n, group), num_segments=n)
+    slot = jnp.where(slot == _LAST, -1, slot)
+    return slot, summed, jnp.sum(key == _LAST, dtype=jnp.int32)
+
+
+def _per_slot(leaf: Any, bucket_size: int) -> bool:
+    return jnp.ndim(leaf) >= 1 and jnp.shape(leaf)[0] == bucket_size
+
+
+def _take(a: jax.Array, at: jax.Array) -> jax.Array:
+    # ``at`` is in range (padding reads slot 0, never written back): a plain gather, which
+    # is ~2.5x faster on XLA:CPU than mode="fill" (65K rows x 16: 4.4 vs 11 ms).
+    return a.at[at].get(mode="promise_in_bounds")
+
+
+def _put(a: jax.Array, at: jax.Array, rows: jax.Array) -> jax.Array:
+    # ``at`` holds distinct slots and the out-of-range padding index, which is dropped.
+    return a.at[at].set(rows.astype(a.dtype), mode="drop", unique_indices=True)
+
+
+def check_update_args(op: str, table: Any, slots: Any, grads: Any) -> tuple[jax.Array, jax.Array]:
+    """``(slots [N], grads [N, dim])`` flattened, after checking what the caller gave."""
+    if not isinstance(table, HashTable):
+        raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
+                              type(table).__name__)
+    slots, grads = jnp.asarray(slots), jnp.asarray(grads)
+    if not jnp.issubdtype(slots.dtype, jnp.integer):
+        raise OpDTypeError(op, "slots", "an integer array of slots (lookup_or_insert's "
+                           "info.slots)", str(slots.dtype))
+    dim = table.embedding_dim
+    if tuple(grads.shape) != tuple(slots.shape) + (dim,):
+        raise OpArgumentError(op, "grads", f"shape slots.shape + ({dim},) = "
+                              f"{tuple(slots.shape) + (dim,)}", f"shape {tuple(grads.shape)}")
+    if not jnp.issubdtype(grads.dtype, jnp.floating):
+        raise OpDTypeError(op, "grads", "a floating array", str(grads.dtype))
+    return slots.reshape(-1), grads.reshape(-1, dim).astype(table.values.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(rule: Rule, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
+           step: Any) -> tuple[HashTable, Any]:
+    size = table.bucket_size
+    slot, grad, absent = sum_by_slot(slots, grads)
+    at, read = jnp.where(slot >= 0, slot, size), jnp.maximum(slot, 0)
+    leaves, tree = jax.tree.flatten(tuple(state[:-1]))
+    touched = [_per_slot(x, size) for x in leaves]
+    rows = [_take(x, read) if t else x for x, t in zip(leaves, touched)]
+    new_rows, new_state = rule(_take(table.values, read), grad, tree.unflatten(rows), step)
+    new_leaves = tree.flatten_up_to(tuple(new_state))
+    out = [_put(x, at, y) if t else y for x, y, t in zip(leaves, new_leaves, touched)]
+    values = _put(table.values, at, new_rows)
+    return (table.replace(values=values),
+            type(state)(*tree.unflatten(out), state.skipped + absent))
+
+
+def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: Rule
+                       ) -> RowOptimizer:
+    """A :class:`RowOptimizer` from a state constructor and a row rule.
+
+    Args:
+        name: the optimizer's name, used in error messages.
+        init_state: ``table -> state``, a NamedTuple whose last field is ``skipped``;
+            leaves whose leading dimension is ``bucket_size`` are per-slot.
+        rule: see :data:`Rule`.
+
+    >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
+    >>> class S(NamedTuple):
+    ...     skipped: jax.Array
+    >>> half = make_row_optimizer("half", lambda t: S(jnp.zeros((), jnp.int32)),
+    ...                           lambda w, g, s, step: (w - 0.5 * g, s))
+    >>> t = ht.init_table(8, 2, initializer_mode="constant", constant_value=1.0)
+    >>> t, rows, info = ht.lookup_or_insert(t, np.array([3, 4], np.int64))
+    >>> t, s = half.update(t, half.init(t), info.slots, jnp.ones((2, 2)))
+    >>> float(ht.find(t, np.array([3], np.int64))[0][0, 0]), int(s.skipped)
+    (0.5, 0)
+    """
+    op = f"hashtable.optim.{name}"
+
+    def init(table: HashTable) -> Any:
+        if not isinstance(table, HashTable):
+            raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
+                                  type(table).__name__)
+        return init_state(table)
+
+    def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
+               ) -> tuple[HashTable, Any]:
+        flat_slots, flat_grads = check_update_args(op, table, slots, grads)
+        return _apply(rule, table, state, flat_slots, flat_grads, step)
+
+    init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
+    update.__doc__ = f"One {name} step on the touched rows (see :class:`RowOptimizer`)."
+    return RowOptimizer(init, update)
