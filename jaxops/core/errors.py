@@ -91,3 +91,7 @@ class AclError(JaxopsError, RuntimeError):
     def __init__(self, call: str, code: int):
         self.call, self.code = call, code
         super().__init__(f"{call} failed with aclError {code}")
+
+
+class CheckpointError(JaxopsError, ValueError):
+    """A table file that is not one, is of an unknown version, truncated or corrupt."""
