@@ -41,7 +41,7 @@ def export_chunks(table: HashTable, chunk_slots: int | None = None, *,
 
     Args:
         table: the table.
-        chunk_slots: slots read per chunk (default: ~32 MiB of table per chunk); the peak
+        chunk_slots: slots read per chunk (default: ~16 MiB of table per chunk); the peak
             extra memory is about three chunks, whatever the table's size.
         export_mode, filtered_export_flag: as in :func:`export`.
 

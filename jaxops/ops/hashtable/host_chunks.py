@@ -35,7 +35,7 @@ __all__ = ["CHUNK_BYTES", "HostRows", "TableWriter", "chunk_slots_for", "iter_ho
 
 #: Bytes of table one chunk moves (about): the bound on the extra memory of a streamed
 #: save, load or export, far below the 256 MiB they are allowed.
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 16 << 20
 
 _FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values")
 
@@ -55,7 +55,7 @@ def chunk_slots_for(embedding_dim: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Slots per chunk so that one chunk of a dim-``embedding_dim`` table is ~``chunk_bytes``.
 
     >>> chunk_slots_for(64)
-    122910
+    61455
     """
     per_slot = 17 + 4 * int(embedding_dim)  # four uint32 words, the flag byte, the row
     return max(1, int(chunk_bytes) // per_slot)
