@@ -27,6 +27,9 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.host_chunks import HostRows
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 
+__all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
+           "row_bytes", "to_cann_bytes"]
+
 _KNOWN_FLAGS = VALID | FILTER | EXPORT | EVICTED
 _CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in this byte
 
@@ -43,7 +46,15 @@ def to_cann_bytes(table: HashTable) -> np.ndarray:
 
 
 def cann_rows(rows: HostRows) -> np.ndarray:
-    """Host slots (all of a table or one chunk) as CANN buckets: uint8 ``[n, row_bytes]``."""
+    """Host slots (all of a table or one chunk) as CANN buckets: uint8 ``[n, row_bytes]``;
+    :func:`parse_cann_rows` is its inverse.
+
+    >>> rows = HostRows(*(np.array([w], np.uint32) for w in (5, 0, 2, 0)),
+    ...                 np.array([VALID], np.uint8), np.ones((1, 1), np.float32))
+    >>> buf = cann_rows(rows)
+    >>> buf.shape, buf[0, :9].tolist(), parse_cann_rows(buf, 1, "doc").counter_lo.tolist()
+    ((1, 32), [5, 0, 0, 0, 0, 0, 0, 0, 2], [2])
+    """
     size, dim = rows.values.shape
     out = np.zeros((size, row_bytes(dim)), np.uint8)
     out[:, 0:8] = _pair(rows.key_lo, rows.key_hi)
@@ -82,7 +93,11 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
 
 
 def live_counts(flags: np.ndarray) -> tuple[int, int]:
-    """``(live, not_exported)`` of host flags: VALID and not EVICTED; of those, not EXPORT."""
+    """``(live, not_exported)`` of host flags: VALID and not EVICTED; of those, not EXPORT.
+
+    >>> live_counts(np.array([0, VALID, VALID | EXPORT, VALID | EVICTED], np.uint8))
+    (2, 1)
+    """
     live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
     return int(live.sum()), int((live & ((flags & EXPORT) == 0)).sum())
 

@@ -54,7 +54,7 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
             raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
                                   "embedding_dim values, or key=<PRNG key>, in random mode",
                                   "neither", "Pass initializer_mode='constant' for fixed rows.")
-        return _random_table(key, bucket_size, check_embedding_dim(op, embedding_dim))
+        return _random_table(key, bucket_size, _check_embedding_dim(op, embedding_dim))
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
@@ -81,7 +81,7 @@ def _constant_table(bucket_size, embedding_dim, constant_value):
                            jnp.full((bucket_size, embedding_dim), constant_value, jnp.float32))
 
 
-def check_embedding_dim(op: str, embedding_dim) -> int:
+def _check_embedding_dim(op: str, embedding_dim) -> int:
     if isinstance(embedding_dim, (bool, np.bool_)) or \
             not isinstance(embedding_dim, (int, np.integer)) or int(embedding_dim) < 1:
         raise OpArgumentError(op, "embedding_dim", "an int >= 1", repr(embedding_dim))
