@@ -290,3 +290,18 @@ def test_every_damaged_byte_gives_a_checkpoint_error_or_a_valid_table(tmp_path):
                 pass
             except JaxopsError as e:  # noqa: PERF203
                 pytest.fail(f"byte {at} ^ {bit:#x}: {type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda h, r: r.__setitem__((0, 16), 2), "state word"),
+    (lambda h, r: h.__setitem__("live", h["live"] - 1), "counts in the header"),
+    (lambda h, r: h.__setitem__("not_exported", h["not_exported"] + 1), "counts in the header"),
+])
+def test_load_rejects_bad_content_with_a_valid_checksum(tmp_path, damage, match):
+    path = tmp_path / "t.jxht"
+    ht.save(_table(), path)
+    header, rows = _slots(path.read_bytes())
+    damage(header, rows)
+    path.write_bytes(_join(header, rows.tobytes()))
+    with pytest.raises(CheckpointError, match=match):
+        ht.load(path)

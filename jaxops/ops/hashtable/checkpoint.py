@@ -31,7 +31,7 @@ import struct
 import jax
 import numpy as np
 
-from jaxops.core.errors import CheckpointError, OpArgumentError
+from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.cann_bytes import cann_rows, live_counts, parse_cann_rows, row_bytes
 from jaxops.ops.hashtable.checkpoint_files import atomic_writer, remove_stale_temps
 from jaxops.ops.hashtable.host_chunks import TableWriter, chunk_slots_for, iter_host_chunks
@@ -180,7 +180,7 @@ def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable
             rows = parse_cann_rows(chunk.reshape(n, width), dim, "load", start)
             probe.feed(start, rows.key_lo, rows.key_hi, rows.flags,
                        np.asarray(_home(rows.key_lo, rows.key_hi, size)))
-        except (OpArgumentError, ValueError) as e:
+        except ValueError as e:  # OpArgumentError from a bucket, ValueError from ProbeCheck
             fault = e
             continue
         counts = live_counts(rows.flags)
@@ -192,7 +192,7 @@ def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable
         if fault is not None:
             raise fault
         probe.finish()
-    except (OpArgumentError, ValueError) as e:
+    except ValueError as e:
         raise CheckpointError(f"{where}: corrupt content (valid checksum): {e}") from None
     if (live, not_exported) != (header["live"], header["not_exported"]):
         raise CheckpointError(f"{where}: corrupt: counts in the header (live "
