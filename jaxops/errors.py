@@ -9,14 +9,14 @@ True
 
 from jaxops.core.errors import (
     AclError, BackendUnavailableError, BenchmarksNotFound, CapacityOverflowError,
-    DuplicateOpError, JaxopsError, KernelNotFoundError, MissingInputError, OpArgumentError,
-    OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError, UnsupportedDTypeError,
-    UsageError, describe,
+    CheckpointError, DuplicateOpError, JaxopsError, KernelNotFoundError, MissingInputError,
+    OpArgumentError, OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError,
+    UnsupportedDTypeError, UsageError, describe,
 )
 
 __all__ = [
     "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
-    "DuplicateOpError", "JaxopsError", "KernelNotFoundError", "MissingInputError",
-    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
-    "UnsupportedDTypeError", "UsageError", "describe",
+    "CheckpointError", "DuplicateOpError", "JaxopsError", "KernelNotFoundError",
+    "MissingInputError", "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError",
+    "UnknownOpError", "UnsupportedDTypeError", "UsageError", "describe",
 ]

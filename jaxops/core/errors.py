@@ -99,3 +99,7 @@ class UsageError(JaxopsError, ValueError):
 
 class BenchmarksNotFound(JaxopsError, RuntimeError):
     """``jaxops bench`` found no ``benchmarks/`` (jaxops installed without its checkout)."""
+
+
+class CheckpointError(JaxopsError, ValueError):
+    """A table file that is not one, is of an unknown version, truncated or corrupt."""

@@ -14,6 +14,7 @@ from jaxops.ops.hashtable.checkpoint import CheckpointError, load, save
 from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.evict import evict
 from jaxops.ops.hashtable.export import export
+from jaxops.ops.hashtable.export_chunks import ExportChunk, export_chunks
 from jaxops.ops.hashtable.gather import gather
 from jaxops.ops.hashtable.import_ import ImportInfo, import_
 from jaxops.ops.hashtable.lookup import LookupInfo, find, locate, lookup, lookup_or_insert
@@ -25,9 +26,9 @@ from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTabl
 from jaxops.hashtable import optim  # noqa: E402,F401  (jaxops.hashtable.optim, row optimizers)
 
 __all__ = [
-    "EVICTED", "EXPORT", "FILTER", "VALID", "AdamWState", "CheckpointError", "HashTable",
-    "ImportInfo", "LookupInfo", "Words64", "adam_w_init", "apply_adam_w", "as_words", "evict",
-    "export", "find", "from_cann_bytes", "gather", "handle_counters", "home_slot", "import_",
-    "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
+    "EVICTED", "EXPORT", "FILTER", "VALID", "AdamWState", "CheckpointError", "ExportChunk",
+    "HashTable", "ImportInfo", "LookupInfo", "Words64", "adam_w_init", "apply_adam_w", "as_words",
+    "evict", "export", "export_chunks", "find", "from_cann_bytes", "gather", "handle_counters",
+    "home_slot", "import_", "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
     "murmur3_x86_32", "resize", "row_bytes", "save", "to_cann_bytes", "to_host_int64",
 ]

@@ -24,8 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        to_host_int64)
+from jaxops.ops.hashtable.host_chunks import HostRows
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
+
+__all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
+           "row_bytes", "to_cann_bytes"]
 
 _KNOWN_FLAGS = VALID | FILTER | EXPORT | EVICTED
 _CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in this byte
@@ -39,17 +42,32 @@ def row_bytes(embedding_dim: int) -> int:
 def to_cann_bytes(table: HashTable) -> np.ndarray:
     """The table as the Ascend bucket array: uint8 ``[bucket_size, row_bytes(dim)]``."""
     host = jax.device_get(table)
-    size, dim = host.values.shape
+    return cann_rows(HostRows(*(np.asarray(getattr(host, f)) for f in HostRows._fields)))
+
+
+def cann_rows(rows: HostRows) -> np.ndarray:
+    """Host slots (all of a table or one chunk) as CANN buckets: uint8 ``[n, row_bytes]``;
+    :func:`parse_cann_rows` is its inverse.
+
+    >>> rows = HostRows(*(np.array([w], np.uint32) for w in (5, 0, 2, 0)),
+    ...                 np.array([VALID], np.uint8), np.ones((1, 1), np.float32))
+    >>> buf = cann_rows(rows)
+    >>> buf.shape, buf[0, :9].tolist(), parse_cann_rows(buf, 1, "doc").counter_lo.tolist()
+    ((1, 32), [5, 0, 0, 0, 0, 0, 0, 0, 2], [2])
+    """
+    size, dim = rows.values.shape
     out = np.zeros((size, row_bytes(dim)), np.uint8)
-    flags = np.asarray(host.flags)
-    keys = to_host_int64(Words64(host.key_lo, host.key_hi)).astype("<i8")
-    counters = to_host_int64(Words64(host.counter_lo, host.counter_hi), signed=False).astype("<u8")
-    out[:, 0:8] = keys.view(np.uint8).reshape(size, 8)
-    out[:, 8:16] = counters.view(np.uint8).reshape(size, 8)
-    out[:, 16:20] = ((flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
-    out[:, 23] = flags
-    out[:, 24:24 + 4 * dim] = np.asarray(host.values, "<f4").view(np.uint8).reshape(size, 4 * dim)
+    out[:, 0:8] = _pair(rows.key_lo, rows.key_hi)
+    out[:, 8:16] = _pair(rows.counter_lo, rows.counter_hi)
+    out[:, 16:20] = ((rows.flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
+    out[:, 23] = rows.flags
+    out[:, 24:24 + 4 * dim] = np.asarray(rows.values, "<f4").view(np.uint8).reshape(size, 4 * dim)
     return out
+
+
+def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """uint32 words → the 8 little-endian bytes of each 64-bit value, ``[n, 8]``."""
+    return np.stack([lo, hi], axis=-1).astype("<u4").view(np.uint8).reshape(-1, 8)
 
 
 def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
@@ -68,7 +86,32 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
     if buf.dtype != np.uint8 or buf.size % width or (buf.ndim == 2 and buf.shape[1] != width):
         raise OpArgumentError(op, "buffer", f"uint8 rows of {width} bytes (embedding_dim "
                               f"{embedding_dim})", f"{buf.dtype} of shape {buf.shape}")
-    rows = np.ascontiguousarray(buf.reshape(-1, width))
+    rows = parse_cann_rows(buf.reshape(-1, width), embedding_dim, op)
+    live, not_exported = live_counts(rows.flags)
+    return HashTable(*(jnp.asarray(f) for f in rows), jnp.int32(live), jnp.int32(not_exported),
+                     jnp.int32(0))
+
+
+def live_counts(flags: np.ndarray) -> tuple[int, int]:
+    """``(live, not_exported)`` of host flags: VALID and not EVICTED; of those, not EXPORT.
+
+    >>> live_counts(np.array([0, VALID, VALID | EXPORT, VALID | EVICTED], np.uint8))
+    (2, 1)
+    """
+    live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
+    return int(live.sum()), int((live & ((flags & EXPORT) == 0)).sum())
+
+
+def parse_cann_rows(rows: np.ndarray, embedding_dim: int, op: str, first_slot: int = 0
+                    ) -> HostRows:
+    """CANN buckets (uint8 ``[n, row_bytes(dim)]``) → host slots, each bucket checked.
+
+    Raises:
+        OpArgumentError: (naming ``op``) a state other than 0/1, a state that disagrees
+            with VALID, an empty slot that is not blank, or unknown flag bits; the message
+            gives the bucket's index counted from ``first_slot``.
+    """
+    rows = np.ascontiguousarray(rows)
     size = rows.shape[0]
     keys = rows[:, 0:8].copy().view("<i8").reshape(size)
     counters = rows[:, 8:16].copy().view("<u8").reshape(size)
@@ -86,17 +129,13 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
     for expected, bad in problems:
         if bad.any():
             s = int(np.argmax(bad))
-            raise OpArgumentError(op, "buffer", expected, f"bucket {s}: key {keys[s]}, state "
-                                  f"{state[s]}, flags {int(flags[s]):#x}")
+            raise OpArgumentError(op, "buffer", expected, f"bucket {first_slot + s}: key "
+                                  f"{keys[s]}, state {state[s]}, flags {int(flags[s]):#x}")
     values = rows[:, 24:24 + 4 * embedding_dim].copy().view("<f4").reshape(size, embedding_dim)
     key_words = keys.view(np.uint32).reshape(size, 2)
     counter_words = counters.view(np.uint32).reshape(size, 2)
-    live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
-    return HashTable(jnp.asarray(key_words[:, 0]), jnp.asarray(key_words[:, 1]),
-                     jnp.asarray(counter_words[:, 0]), jnp.asarray(counter_words[:, 1]),
-                     jnp.asarray(flags), jnp.asarray(values),
-                     jnp.int32(live.sum()), jnp.int32((live & ((flags & EXPORT) == 0)).sum()),
-                     jnp.int32(0))
+    return HostRows(key_words[:, 0].copy(), key_words[:, 1].copy(), counter_words[:, 0].copy(),
+                    counter_words[:, 1].copy(), flags, values)
 
 
 def handle_counters(table: HashTable) -> np.ndarray:

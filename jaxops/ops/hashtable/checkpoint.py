@@ -1,8 +1,16 @@
-"""``save`` / ``load``: versioned, checksummed, atomically written table files.
+"""``save`` / ``load``: versioned, checksummed, atomically written table files, streamed.
 
 File layout: the 8-byte magic ``b"JXHTABLE"``, uint32 LE format version, uint32 LE header
 length, a JSON header (sizes, counts, payload length, SHA-256 of the payload), then the
 payload: the CANN bucket array (:func:`~jaxops.ops.hashtable.cann_bytes.to_cann_bytes`).
+
+Both directions move the table in chunks of about
+:data:`~jaxops.ops.hashtable.host_chunks.CHUNK_BYTES`: ``save`` never builds the byte image
+(it writes a header with a placeholder checksum, streams the payload while hashing it, then
+writes the real checksum in place); ``load`` reads each chunk into one reused buffer,
+checks it and writes it into a table preallocated on the device. Temporary files are named
+``.<name>.<pid>.<random>.tmp`` next to the target; a save or load of the target removes the
+ones left by a writer that died (see :func:`~jaxops.ops.hashtable.checkpoint_files.is_stale`).
 
 >>> import os, tempfile, numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant")
@@ -19,95 +27,175 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
-from jaxops.core.errors import JaxopsError
-from jaxops.ops.hashtable.cann_bytes import from_cann_bytes, row_bytes, to_cann_bytes
-from jaxops.ops.hashtable.table import HashTable, check_table
+from jaxops.core.errors import CheckpointError
+from jaxops.ops.hashtable.cann_bytes import cann_rows, live_counts, parse_cann_rows, row_bytes
+from jaxops.ops.hashtable.checkpoint_files import atomic_writer, remove_stale_temps
+from jaxops.ops.hashtable.host_chunks import TableWriter, chunk_slots_for, iter_host_chunks
+from jaxops.ops.hashtable.murmur import home_slot
+from jaxops.ops.hashtable.probe_check import ProbeCheck
+from jaxops.ops.hashtable.table import MAX_BUCKET_SIZE, HashTable, check_table
+
+__all__ = ["MAGIC", "VERSION", "CheckpointError", "load", "save"]
 
 MAGIC = b"JXHTABLE"
 VERSION = 1
 _PREFIX = struct.Struct("<8sII")
-
-
-class CheckpointError(JaxopsError, ValueError):
-    """A table file that is not one, is of an unknown version, truncated or corrupt."""
+_MAX_HEADER = 1 << 16  # today's headers are ~200 bytes; more is a corrupt length word
+_NO_SUM = "0" * 64  # the checksum's placeholder while the payload streams
+_home = jax.jit(home_slot, static_argnums=2)
 
 
 def save(table: HashTable, path: str | os.PathLike) -> None:
     """Writes ``table`` to ``path`` atomically: a temporary file in the same directory is
-    written, flushed and fsync'ed, then renamed over ``path`` (and the directory fsync'ed),
-    so a crash leaves either the old file or the new one, never half of one."""
+    written chunk by chunk, flushed and fsync'ed, then renamed over ``path`` (and the
+    directory fsync'ed), so a crash leaves either the old file or the new one. The file's
+    mode follows the umask, like any new file's.
+
+    Raises:
+        FileNotFoundError, PermissionError: (naming ``path``) the directory is missing or
+            not writable.
+    """
     table = check_table("save", table)
-    payload = to_cann_bytes(table).tobytes()
-    header = json.dumps({
-        "bucket_size": table.bucket_size, "embedding_dim": table.embedding_dim,
-        "live": int(table.live), "not_exported": int(table.not_exported),
-        "dropped": int(table.dropped), "payload_bytes": len(payload),
-        "sha256": hashlib.sha256(payload).hexdigest()}, sort_keys=True).encode()
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_PREFIX.pack(MAGIC, VERSION, len(header)) + header + payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    size, dim = table.bucket_size, table.embedding_dim
+    fields = {"bucket_size": size, "embedding_dim": dim, "live": int(table.live),
+              "not_exported": int(table.not_exported), "dropped": int(table.dropped),
+              "payload_bytes": size * row_bytes(dim)}
+    with atomic_writer("save", path) as f:
+        header = _header_bytes(fields, _NO_SUM)
+        f.write(_PREFIX.pack(MAGIC, VERSION, len(header)) + header)
+        digest = hashlib.sha256()
+        for _, rows in iter_host_chunks(table, chunk_slots_for(dim)):
+            chunk = cann_rows(rows)
+            digest.update(chunk)
+            f.write(memoryview(chunk).cast("B"))
+        f.seek(_PREFIX.size)
+        f.write(_header_bytes(fields, digest.hexdigest()))  # same length: fixed-width hex
+
+
+def _header_bytes(fields: dict, sha256: str) -> bytes:
+    return json.dumps({**fields, "sha256": sha256}, sort_keys=True).encode()
 
 
 def load(path: str | os.PathLike) -> HashTable:
-    """Reads a table written by :func:`save`.
+    """Reads a table written by :func:`save`, chunk by chunk into a new table.
+
+    Every file is checked before it is trusted: the header's fields and their ranges, the
+    payload's length and SHA-256, every bucket (as :func:`from_cann_bytes`), the counts, and
+    the structure: each used slot's key lies on its probe path (no empty slot between its
+    home slot and it) and no key is held twice.
 
     Raises:
         CheckpointError: not a table file, an unsupported version, a truncated file, a
-            checksum mismatch or a header that disagrees with the payload.
+            checksum mismatch, a bad header or content that is not a valid table.
     """
+    remove_stale_temps(path)
+    where = repr(os.fspath(path))
     with open(path, "rb") as f:
-        data = f.read()
-    where = f"{os.fspath(path)!r}"
-    if len(data) < _PREFIX.size:
-        raise CheckpointError(f"{where}: truncated: {len(data)} bytes, shorter than the "
+        size, dim, header = _read_header(f, where)
+        rest = os.fstat(f.fileno()).st_size - f.tell()
+        if rest != header["payload_bytes"]:
+            kind = "truncated" if rest < header["payload_bytes"] else "has trailing bytes"
+            raise CheckpointError(f"{where}: {kind}: payload of {rest} bytes, header says "
+                                  f"{header['payload_bytes']}")
+        return _read_payload(f, where, size, dim, header)
+
+
+def _read_header(f, where: str) -> tuple[int, int, dict]:
+    prefix = f.read(_PREFIX.size)
+    if len(prefix) < _PREFIX.size:
+        raise CheckpointError(f"{where}: truncated: {len(prefix)} bytes, shorter than the "
                               f"{_PREFIX.size}-byte prefix")
-    magic, version, header_len = _PREFIX.unpack_from(data)
+    magic, version, header_len = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise CheckpointError(f"{where}: not a jaxops hash-table file (magic {magic!r}, "
                               f"expected {MAGIC!r})")
     if version != VERSION:
         raise CheckpointError(f"{where}: format version {version}; this jaxops reads version "
                               f"{VERSION}")
-    end = _PREFIX.size + header_len
-    if len(data) < end:
-        raise CheckpointError(f"{where}: truncated inside the header ({len(data)} of {end} bytes)")
+    if header_len > _MAX_HEADER:
+        raise CheckpointError(f"{where}: corrupt header: length {header_len} (at most "
+                              f"{_MAX_HEADER})")
+    raw = f.read(header_len)
+    if len(raw) < header_len:
+        raise CheckpointError(f"{where}: truncated inside the header "
+                              f"({_PREFIX.size + len(raw)} of {_PREFIX.size + header_len} bytes)")
     try:
-        header = json.loads(data[_PREFIX.size:end])
-        size, dim, want = header["bucket_size"], header["embedding_dim"], header["payload_bytes"]
-    except (ValueError, KeyError, TypeError) as e:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{where}: corrupt header: {e}") from None
-    payload = data[end:]
-    if len(payload) != want:
-        kind = "truncated" if len(payload) < want else "has trailing bytes"
-        raise CheckpointError(f"{where}: {kind}: payload of {len(payload)} bytes, header says "
-                              f"{want}")
-    if want != size * row_bytes(dim):
-        raise CheckpointError(f"{where}: corrupt header: {want} payload bytes for {size} "
-                              f"buckets of dim {dim}")
-    if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+    _check_header(header, where)
+    size, dim = header["bucket_size"], header["embedding_dim"]
+    if header["payload_bytes"] != size * row_bytes(dim):
+        raise CheckpointError(f"{where}: corrupt header: {header['payload_bytes']} payload "
+                              f"bytes for {size} buckets of dim {dim}")
+    return size, dim, header
+
+
+_INT32_MAX = 2**31 - 1
+_HEADER_INTS = {"bucket_size": (1, MAX_BUCKET_SIZE), "embedding_dim": (1, _INT32_MAX),
+                "live": (0, MAX_BUCKET_SIZE), "not_exported": (0, MAX_BUCKET_SIZE),
+                "dropped": (0, _INT32_MAX), "payload_bytes": (0, 2**63 - 1)}
+
+
+def _check_header(header, where: str) -> None:
+    """Every field present, of its type and in its range: a file from elsewhere fails here
+    with a CheckpointError, never with a TypeError/OverflowError further on."""
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: corrupt header: a JSON {type(header).__name__}, "
+                              "expected an object")
+    for name, (lo, hi) in _HEADER_INTS.items():
+        v = header.get(name)
+        if type(v) is not int or not lo <= v <= hi:
+            raise CheckpointError(f"{where}: corrupt header: field {name!r} is {v!r}, expected "
+                                  f"an int in [{lo}, {hi}]")
+    sha = header.get("sha256")
+    if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
+        raise CheckpointError(f"{where}: corrupt header: field 'sha256' is {sha!r}, expected "
+                              "64 lowercase hex digits")
+
+
+def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable:
+    """Reads, checks and writes into a new table chunk by chunk. A content fault found
+    mid-way is raised after the rest is hashed, so that a damaged file is reported as a
+    checksum mismatch (its cause) rather than as whatever the damage looks like."""
+    width = row_bytes(dim)
+    step = chunk_slots_for(dim)
+    buf = np.empty(min(step, size) * width, np.uint8)
+    digest, probe, writer = hashlib.sha256(), ProbeCheck(size), TableWriter(size, dim)
+    live = not_exported = 0
+    fault = None
+    for start in range(0, size, step):
+        n = min(step, size - start)
+        chunk = buf[:n * width]
+        if f.readinto(memoryview(chunk)) != chunk.size:  # a regular file reads in full
+            raise CheckpointError(f"{where}: truncated while reading (the file changed?)")
+        digest.update(chunk)
+        if fault is not None:
+            continue
+        try:
+            rows = parse_cann_rows(chunk.reshape(n, width), dim, "load", start)
+            probe.feed(start, rows.key_lo, rows.key_hi, rows.flags,
+                       np.asarray(_home(rows.key_lo, rows.key_hi, size)))
+        except ValueError as e:  # OpArgumentError from a bucket, ValueError from ProbeCheck
+            fault = e
+            continue
+        counts = live_counts(rows.flags)
+        live, not_exported = live + counts[0], not_exported + counts[1]
+        writer.write(start, rows)
+    if digest.hexdigest() != header["sha256"]:
         raise CheckpointError(f"{where}: corrupt: the payload's SHA-256 does not match the header")
-    table = from_cann_bytes(np.frombuffer(payload, np.uint8).reshape(size, -1), dim)
-    counts = (int(table.live), int(table.not_exported))
-    if counts != (header.get("live"), header.get("not_exported")):
-        raise CheckpointError(f"{where}: corrupt: counts in the header disagree with the flags")
-    return table.replace(dropped=jnp.int32(header.get("dropped", 0)))
+    try:
+        if fault is not None:
+            raise fault
+        probe.finish()
+    except ValueError as e:
+        raise CheckpointError(f"{where}: corrupt content (valid checksum): {e}") from None
+    if (live, not_exported) != (header["live"], header["not_exported"]):
+        raise CheckpointError(f"{where}: corrupt: counts in the header (live "
+                              f"{header['live']}, not exported {header['not_exported']}) "
+                              f"disagree with the flags ({live}, {not_exported})")
+    return writer.finish(live=live, not_exported=not_exported, dropped=header["dropped"])

@@ -56,9 +56,11 @@ LOOKUP_OR_INSERT = register_op(OpDef(
 def _export_shapes(ctx) -> list[tuple[int, ...]]:
     tables = ctx.inputs[0]
     wide = () if jax.config.jax_enable_x64 else (2,)
-    words = [(t.bucket_size, *wide) for t in tables]
-    return (words + words + [(t.bucket_size,) for t in tables]
-            + [(t.bucket_size, t.embedding_dim) for t in tables])
+    size = ctx.attrs["size"]
+    cap = [t.bucket_size if size is None else size for t in tables]
+    words = [(c, *wide) for c in cap]
+    return (words + words + [(c,) for c in cap]
+            + [(c, t.embedding_dim) for c, t in zip(cap, tables)])
 
 
 def _export_dtypes(ctx) -> list[DataType]:
@@ -77,7 +79,10 @@ EXPORT = register_op(OpDef(
              Output("filter_flags", {DataType.UINT8}, "dynamic"),
              Output("values", {DataType.FLOAT}, "dynamic")],
     attrs=[AttrDef("export_mode", "str", "all", choices=("all", "new")),
-           AttrDef("filtered_export_flag", "bool", False)],
+           AttrDef("filtered_export_flag", "bool", False),
+           AttrDef("size", "int", None, optional=True, check=lambda v: 0 <= v < 2**31,
+                   expected="None or an int in [0, 2**31 - 1]",
+                   doc="output capacity per table (not in CANN); None: bucket_size")],
     infer_shape=_export_shapes,
     infer_dtype=_export_dtypes,
     data_dependent=True,
