@@ -25,7 +25,7 @@ from jaxops.ops.masked_select import masked_select  # noqa: E402
 from jaxops.ops.nms import batched_nms, nms, non_max_suppression  # noqa: E402
 from jaxops.ops.nonzero import argwhere, flatnonzero, nonzero  # noqa: E402
 from jaxops.ops.unique import unique, unique_consecutive  # noqa: E402
-from tracing.overflow import check_overflow  # noqa: E402
+from jaxops.capacity import check_overflow  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -35,7 +35,7 @@ from jaxops.core.registry import OpDef, get_op
 from jaxops.core.tensor_desc import TensorDesc
 from tracing.args import OpArg, OpArgContext
 from tracing.outshape import SLOT_WORDS, encode, refresh_outputs, to_host_words
-from tracing.overflow import warn_once
+from jaxops.capacity import warn_once
 
 
 @dataclasses.dataclass(frozen=True)

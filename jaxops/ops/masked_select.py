@@ -25,7 +25,7 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map, gather_valid
 from jaxops.ops.nonzero import NONZERO_DTYPES, capacity_attr
-from tracing.overflow import documents_policy_args, run_with_policy
+from jaxops.capacity import documents_policy_args, run_with_policy
 
 VALUE_FILL = 0
 

@@ -45,7 +45,7 @@ from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.iou import compute_dtype, decode_boxes
 from jaxops.ops.nms_tiled import score_candidates, sorted_nms
-from tracing.overflow import run_with_policy
+from jaxops.capacity import run_with_policy
 
 NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
 
@@ -203,12 +203,12 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         and the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
         inside jit.
       overflow: what an eager call does when the rows exceed ``size``
-        (:mod:`tracing.overflow`): ``"truncate"`` (default: keep the best, warn once per
+        (:mod:`jaxops.capacity.policy`): ``"truncate"`` (default: keep the best, warn once per
         call site), ``"error"``, ``"expand"`` (rerun at the next power-of-two capacity) or
         ``"host"``. Inside jit the flag travels with the result instead.
-      record: record the number of rows this call needed in :mod:`tracing.capacity` (``True``:
-        under the operator and input shapes; a string: under that call-site name), on the
-        host or, inside jit, through an unordered ``io_callback``.
+      record: record the number of rows this call needed in :mod:`jaxops.capacity.stats`
+        (``True``: under the operator and input shapes; a string: under that call-site
+        name), on the host or, inside jit, through an unordered ``io_callback``.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
       backend: ``"xla"``, ``"host"`` or ``"ascend"`` (default: automatic).
 

@@ -23,7 +23,7 @@ from jaxops.core.dtypes import ALL_NUMERIC, DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_map
-from tracing.overflow import documents_policy_args, run_with_policy
+from jaxops.capacity import documents_policy_args, run_with_policy
 
 INDEX_FILL = -1
 #: Inputs NonZero accepts: bool, every integer and float dtype, complex.

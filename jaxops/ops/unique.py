@@ -39,7 +39,7 @@ from jaxops.ops.compaction import compact_indices, gather_valid
 from jaxops.ops.grouping import group_dense_ranks, group_keys
 from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
-from tracing.overflow import documents_policy_args, run_with_policy
+from jaxops.capacity import documents_policy_args, run_with_policy
 
 VALUE_FILL = 0  # padding of y
 COUNT_FILL = 0  # padding of counts

@@ -1,0 +1,54 @@
+"""The layers of the design hold: lower layers never import higher ones."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_import_jaxops_does_not_import_tracing():
+    # tracing is the launch protocol on top of jaxops; the library below must not need it.
+    done = _run("import jaxops, sys; "
+                "assert not any(m == 'tracing' or m.startswith('tracing.') for m in sys.modules), "
+                "sorted(m for m in sys.modules if m.startswith('tracing'))")
+    assert done.returncode == 0, done.stderr
+
+
+def _project_imports(package: str) -> dict[str, set[str]]:
+    """Every project module each file of ``package`` imports, function-local ones included."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = {}
+    for path in sorted((root / package.replace(".", "/")).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        found[str(path.relative_to(root))] = {n for n in names
+                                              if n.split(".")[0] in ("jaxops", "tracing")}
+    return found
+
+
+@pytest.mark.parametrize("package, allowed", [
+    ("jaxops.capacity", ("jaxops.core", "jaxops.capacity")),
+])
+def test_lower_layers_import_only_below(package, allowed):
+    bad = {f: sorted(n for n in names if not n.startswith(allowed))
+           for f, names in _project_imports(package).items()}
+    assert not {f: n for f, n in bad.items() if n}, bad
+
+
+def test_old_capacity_paths_are_the_same_objects():
+    from jaxops import capacity
+    from tracing import capacity as old_stats, overflow as old_policy
+
+    assert old_policy.run_with_policy is capacity.run_with_policy
+    assert old_policy.CapacityOverflowWarning is capacity.CapacityOverflowWarning
+    assert old_stats.get_stats is capacity.get_stats
