@@ -37,6 +37,7 @@ def _project_imports(package: str) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("package, allowed", [
+    ("jaxops.core", ("jaxops.core",)),
     ("jaxops.capacity", ("jaxops.core", "jaxops.capacity")),
 ])
 def test_lower_layers_import_only_below(package, allowed):

@@ -27,11 +27,16 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxops.core.backend_table import BackendEntry, register_backend
 from jaxops.core.dynarray import DynArray
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef
 
 HostFn = Callable[..., Sequence[np.ndarray]]
+
+# The ``host`` backend: every operator with a host kernel; never chosen automatically.
+register_backend(BackendEntry(
+    "host", lambda: (True, "numpy kernels reached through jax.pure_callback (backward pass on xla)")))
 
 
 def pack(op: str, index: int, exact: Any, struct: Any) -> list[np.ndarray]:

@@ -59,6 +59,10 @@ class DuplicateOpError(JaxopsError, ValueError):
     """An operator name was registered twice."""
 
 
+class DuplicateBackendError(JaxopsError, ValueError):
+    """A backend name was registered twice."""
+
+
 class UnsupportedDTypeError(JaxopsError, TypeError):
     """A CANN DataType with no numpy equivalent, or a dtype with no CANN code."""
 

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxops.core.backend_table import select_backend
 from jaxops.core.dtypes import DataType
 from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingInputError,
                                 OpArgumentError, OpDTypeError, UnknownAttrError,
@@ -331,8 +332,6 @@ class OpDef:
     def __call__(self, *inputs, backend: str | None = None,
                  impl_mode: OpImplMode | str | None = None, **attrs):
         """Validates, picks impl mode and backend, and runs the kernel (jittable)."""
-        from jaxops.backends import select_backend  # backends sit below the registry
-
         inputs, attrs = self.check(inputs, attrs)
         mode = self.select_mode(impl_mode)
         chosen = select_backend(self, backend, inputs=inputs, attrs=attrs)  # per-config choice
