@@ -2,7 +2,7 @@
 
 from jaxops.core.errors import (  # noqa: F401
     AclError, BackendUnavailableError, CapacityOverflowError, CapacityOverflowWarning,
-    DuplicateOpError, JaxopsError,
-    KernelNotFoundError, MissingInputError, OpArgumentError, OpDTypeError, OutshapeError,
-    UnknownAttrError, UnknownOpError, UnsupportedDTypeError, describe,
+    DuplicateBackendError, DuplicateOpError, JaxopsError, KernelNotFoundError, LibraryLoadError,
+    MissingInputError, OpArgumentError, OpDTypeError, OutshapeError, UnknownAttrError,
+    UnknownOpError, UnsupportedDTypeError, describe,
 )

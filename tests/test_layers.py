@@ -39,6 +39,7 @@ def _project_imports(package: str) -> dict[str, set[str]]:
 @pytest.mark.parametrize("package, allowed", [
     ("jaxops.core", ("jaxops.core",)),
     ("jaxops.capacity", ("jaxops.core", "jaxops.capacity")),
+    ("jaxops.backends", ("jaxops.core", "jaxops.backends")),
 ])
 def test_lower_layers_import_only_below(package, allowed):
     bad = {f: sorted(n for n in names if not n.startswith(allowed))

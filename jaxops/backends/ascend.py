@@ -47,11 +47,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxops.backends.acl import ACL_ERROR_REPEAT_INITIALIZE, AclLibraries, LibraryLoadError
+from jaxops.backends.acl import ACL_ERROR_REPEAT_INITIALIZE, AclLibraries
 from jaxops.backends.aclnn import DEVICE_VAR, Arg, In, Out, Runtime, Scalar
 from jaxops.core.backend_table import BackendEntry, register_backend
 from jaxops.core.dtypes import DataType
-from jaxops.core.errors import AclError, BackendUnavailableError
+from jaxops.core.errors import AclError, BackendUnavailableError, LibraryLoadError
 
 HOME_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 __all__ = ["AclnnSpec", "Diagnosis", "In", "Out", "SPECS", "Scalar", "Step", "detect",

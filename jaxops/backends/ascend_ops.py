@@ -32,6 +32,7 @@ from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, dispatch, 
 from jaxops.backends.callback import host_kernel
 from jaxops.core.dtypes import DataType as D
 from jaxops.core.errors import BackendUnavailableError
+from jaxops.core.numerics import INDEX_FILL
 from jaxops.core.registry import get_op, list_ops
 
 I64 = np.dtype(np.int64)
@@ -79,7 +80,7 @@ def _unique_finish(outs, x, *, size, sorted, axis):
     first = np.full(values.shape[0], n, I64)
     np.minimum.at(first, inverse, np.arange(n))  # the kernel does not return first indices
     cap = n if size is None else size
-    return values, first, np.where(inverse < cap, inverse, -1), counts
+    return values, first, np.where(inverse < cap, inverse, INDEX_FILL), counts
 
 
 for _spec in (

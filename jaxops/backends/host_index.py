@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-INDEX_FILL = -1
+from jaxops.core.numerics import INDEX_FILL
 
 
 def nonzero(x, *, size, transpose):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxops.ops.iou import compute_dtype
+from jaxops.core.numerics import compute_dtype
 
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
 

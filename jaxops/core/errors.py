@@ -99,3 +99,7 @@ class AclError(JaxopsError, RuntimeError):
     def __init__(self, call: str, code: int):
         self.call, self.code = call, code
         super().__init__(f"{call} failed with aclError {code}")
+
+
+class LibraryLoadError(JaxopsError, OSError):
+    """A toolkit library that is missing or does not export what the shim needs."""

@@ -32,7 +32,8 @@ from jaxops.core.dtypes import FLOATING, DataType
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import REQUIRED, AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
-from jaxops.ops.iou import compute_dtype, decode_boxes
+from jaxops.core.numerics import compute_dtype
+from jaxops.ops.iou import decode_boxes
 from jaxops.ops.nms import IOU_THRESHOLD, SCORE_THRESHOLD, _check_shape
 from jaxops.ops.nms_tiled import greedy_nms, score_candidates
 

@@ -43,7 +43,8 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
-from jaxops.ops.iou import compute_dtype, decode_boxes
+from jaxops.core.numerics import compute_dtype
+from jaxops.ops.iou import decode_boxes
 from jaxops.ops.nms_tiled import score_candidates, sorted_nms
 from jaxops.capacity import run_with_policy
 
