@@ -26,6 +26,9 @@ from jaxops.ops.nms import batched_nms, nms, non_max_suppression  # noqa: E402
 from jaxops.ops.nonzero import argwhere, flatnonzero, nonzero  # noqa: E402
 from jaxops.ops.unique import unique, unique_consecutive  # noqa: E402
 from jaxops.capacity import check_overflow  # noqa: E402
+from jaxops.core.registry import check_pending  # noqa: E402
+
+check_pending()  # a kernel registered for a misspelt operator name fails the import
 
 __version__ = "0.1.0"
 

@@ -54,3 +54,39 @@ def test_old_capacity_paths_are_the_same_objects():
     assert old_policy.run_with_policy is capacity.run_with_policy
     assert old_policy.CapacityOverflowWarning is capacity.CapacityOverflowWarning
     assert old_stats.get_stats is capacity.get_stats
+
+
+def test_kernel_for_a_misspelt_op_raises_with_the_close_match():
+    from jaxops.backends.ascend_ops import aclnn_kernel_for
+    from jaxops.backends.callback import HOST_KERNELS, host_kernel_for
+    from jaxops.errors import UnknownOpError
+
+    with pytest.raises(UnknownOpError, match="host kernel registered for unknown operator "
+                                             "'MaskedSelct'. Did you mean: MaskedSelect"):
+        host_kernel_for("MaskedSelct")(lambda x, mask, *, size: (x,))
+    with pytest.raises(UnknownOpError, match="ascend kernel .* 'Uniqe'. Did you mean: Unique"):
+        aclnn_kernel_for("Uniqe", "Unique2", frozenset())(lambda x: [])
+    assert "MaskedSelct" not in HOST_KERNELS
+
+
+def test_registration_before_its_op_is_deferred_then_checked(monkeypatch):
+    from jaxops.core import registry
+    from jaxops.core.dtypes import FLOATING
+    from jaxops.errors import UnknownOpError
+
+    monkeypatch.setattr(registry, "_sealed", False)  # as while `import jaxops` runs
+    monkeypatch.setattr(registry, "_PENDING", {})
+    attached = []
+    registry.on_op("LayersLater", attached.append, "test kernel")
+    registry.on_op("LayersLatr", attached.append, "test kernel")
+    op = registry.OpDef("LayersLater", [registry.Input("x", FLOATING)],
+                        [registry.Output("y", FLOATING)])
+    registry.register_op(op)
+    try:
+        assert attached == [op]
+        with pytest.raises(UnknownOpError, match="test kernel registered for unknown operator "
+                                                 "'LayersLatr'. Did you mean: LayersLater"):
+            registry.check_pending()
+        assert registry._sealed and not registry._PENDING
+    finally:
+        registry.unregister_op("LayersLater")

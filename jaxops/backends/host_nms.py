@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxops.backends.callback import host_kernel_for
 from jaxops.core.numerics import compute_dtype
 
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
@@ -88,6 +89,7 @@ def nms_indices(boxes: Boxes, scores: np.ndarray, valid: np.ndarray, t: float,
     return order[keep]
 
 
+@host_kernel_for("NonMaxSuppression")
 def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_threshold,
                         score_threshold, center_point_box, size):
     b, n, _ = boxes.shape
@@ -113,6 +115,7 @@ def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_thresh
     return (np.asarray(rows, np.int64).reshape(-1, 3),)
 
 
+@host_kernel_for("BatchedNMS")
 def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold):
     n = boxes.shape[0]
     limit = n if max_output_size is None else min(n, max_output_size)
@@ -122,6 +125,7 @@ def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_th
                         limit, groups=np.asarray(idxs)),)
 
 
+@host_kernel_for("EfficientNMS")
 def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold,
                   class_agnostic, box_coding, pre_nms_top_k):
     b, n, c = scores.shape
@@ -149,10 +153,3 @@ def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_thres
         out_classes[bi, :len(pos)] = cls[pos]
     return num, out_boxes, out_scores, out_classes
 
-
-#: operator name -> host function
-KERNELS = {
-    "NonMaxSuppression": non_max_suppression,
-    "BatchedNMS": batched_nms,
-    "EfficientNMS": efficient_nms,
-}

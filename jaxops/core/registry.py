@@ -375,6 +375,11 @@ class OpDef:
 
 
 _REGISTRY: dict[str, OpDef] = {}
+# Registrations made by name before their operator exists (backends sit below the
+# operators and never import them): op name -> [(what, attach)]. register_op attaches them;
+# check_pending, at the end of ``import jaxops``, raises for names no operator claimed.
+_PENDING: dict[str, list[tuple[str, Callable[[OpDef], Any]]]] = {}
+_sealed = False
 
 
 def register_op(op: OpDef) -> OpDef:
@@ -382,6 +387,8 @@ def register_op(op: OpDef) -> OpDef:
     if op.name in _REGISTRY:
         raise DuplicateOpError(f"operator {op.name!r} is already registered")
     _REGISTRY[op.name] = op
+    for _, attach in _PENDING.pop(op.name, []):
+        attach(op)
     return op
 
 
@@ -390,18 +397,55 @@ def unregister_op(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def _unknown(name: str, prefix: str = "unknown operator") -> UnknownOpError:
+    close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+    close += [n for n in _REGISTRY if n.lower() == name.lower() and n not in close]
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return UnknownOpError(f"{prefix} {name!r}.{hint} Registered: "
+                          f"{', '.join(sorted(_REGISTRY)) or '(none)'}")
+
+
 def get_op(name: str) -> OpDef:
     """The registered OpDef called ``name``; an unknown name lists close matches."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
-        close += [n for n in _REGISTRY if n.lower() == name.lower() and n not in close]
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise UnknownOpError(f"unknown operator {name!r}.{hint} Registered: "
-                             f"{', '.join(sorted(_REGISTRY)) or '(none)'}") from None
+        raise _unknown(name) from None
 
 
 def list_ops() -> list[str]:
     """Names of every registered operator, sorted."""
     return sorted(_REGISTRY)
+
+
+def on_op(name: str, attach: Callable[[OpDef], Any], what: str) -> None:
+    """Runs ``attach(op)`` for the operator called ``name``: now if it is registered, else
+    when :func:`register_op` registers it. What a backend's kernel decorator calls.
+
+    While ``import jaxops`` runs, a name no operator claims raises in :func:`check_pending`
+    at its end; afterwards an unknown name raises here. ``what`` names the registration in
+    the error (``"host kernel"``).
+
+    >>> on_op("NonZro", lambda op: None, "doc kernel")
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.UnknownOpError: doc kernel registered for unknown operator 'NonZro'. Did you mean: NonZero? ...
+    """
+    if name in _REGISTRY:
+        attach(_REGISTRY[name])
+    elif _sealed:
+        raise _unknown(name, f"{what} registered for unknown operator")
+    else:
+        _PENDING.setdefault(name, []).append((what, attach))
+
+
+def check_pending() -> None:
+    """Raises :class:`~jaxops.errors.UnknownOpError` for registrations made by
+    :func:`on_op` for a name no operator claimed (a misspelt name), with the close matches;
+    from then on :func:`on_op` checks names at once. ``import jaxops`` calls it last."""
+    global _sealed
+    _sealed = True
+    if _PENDING:
+        name, items = next(iter(_PENDING.items()))
+        _PENDING.clear()  # reported: a later check starts clean
+        raise _unknown(name, f"{items[0][0]} registered for unknown operator")
