@@ -90,3 +90,17 @@ def test_registration_before_its_op_is_deferred_then_checked(monkeypatch):
         assert registry._sealed and not registry._PENDING
     finally:
         registry.unregister_op("LayersLater")
+
+
+def test_no_operator_file_imports_another():
+    # Shared conventions come from jaxops.ops._conventions, shared pieces (compaction,
+    # grouping, iou, ...) from their own modules; an operator file (one that registers an
+    # OpDef) never imports another one.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    imports = {f: n for f, n in _project_imports("jaxops.ops").items()
+               if "/hashtable/" not in f and not f.endswith("__init__.py")}  # a package gathers
+    operators = {f[:-3].replace("/", ".") for f in imports
+                 if "register_op(" in (root / f).read_text()}
+    assert {"jaxops.ops.nonzero", "jaxops.ops.nms.efficient_nms"} <= operators
+    bad = {f: sorted(n & operators) for f, n in imports.items() if n & operators}
+    assert not bad, bad

@@ -37,6 +37,10 @@ from tracing.args import OpArg, OpArgContext
 from tracing.outshape import SLOT_WORDS, encode, refresh_outputs, to_host_words
 from jaxops.capacity import warn_once
 
+__all__ = [
+    "CacheInfo", "LaunchResult", "cache_clear", "cache_info", "launch",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheInfo:

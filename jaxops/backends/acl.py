@@ -19,6 +19,12 @@ from ctypes import POINTER, c_bool, c_char_p, c_int, c_int32, c_int64, c_size_t,
 
 from jaxops.core.errors import AclError, LibraryLoadError
 
+__all__ = [
+    "ACL_ERROR_REPEAT_INITIALIZE", "ACL_FORMAT_ND", "ACL_MEMCPY_DEVICE_TO_HOST",
+    "ACL_MEMCPY_HOST_TO_DEVICE", "ACL_MEM_MALLOC_HUGE_FIRST", "ACL_SUCCESS", "AclLibraries",
+    "LIBRARIES", "SCALAR_TYPES",
+]
+
 ACL_SUCCESS = 0
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ACL_FORMAT_ND = 2

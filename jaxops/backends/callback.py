@@ -33,6 +33,10 @@ from jaxops.core.errors import DuplicateOpError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
 
+__all__ = [
+    "HOST_KERNELS", "HostFn", "host_kernel", "host_kernel_for", "pack",
+]
+
 HostFn = Callable[..., Sequence[np.ndarray]]
 
 # The ``host`` backend: every operator with a host kernel; never chosen automatically.

@@ -15,6 +15,10 @@ import numpy as np
 from jaxops.backends.callback import host_kernel_for
 from jaxops.core.numerics import INDEX_FILL
 
+__all__ = [
+    "masked_select", "nonzero", "unique", "unique_consecutive",
+]
+
 
 @host_kernel_for("NonZero")
 def nonzero(x, *, size, transpose):

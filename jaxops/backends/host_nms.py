@@ -1,7 +1,7 @@
 """Host (numpy) kernels of the NMS family: NonMaxSuppression, BatchedNMS, EfficientNMS.
 
 Plain sequential greedy NMS, vectorised per kept box, in the exact float arithmetic of
-:mod:`jaxops.ops.iou` (the same IEEE operations in the same order, so every keep/suppress
+:mod:`jaxops.ops.nms.iou` (the same IEEE operations in the same order, so every keep/suppress
 decision — and hence every integer output — equals the ``xla`` kernel's). The host
 kernels implement ``high_precision`` in every impl mode: they rank by exact scores, where
 the ``xla`` kernel's ``high_performance`` ranks on leading score bits and may then keep a
@@ -15,11 +15,16 @@ import numpy as np
 from jaxops.backends.callback import host_kernel_for
 from jaxops.core.numerics import compute_dtype
 
+__all__ = [
+    "Boxes", "batched_nms", "by_priority", "candidates", "decode", "efficient_nms", "greedy",
+    "nms_indices", "non_max_suppression",
+]
+
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
 
 
 def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True) -> Boxes:
-    """numpy twin of :func:`jaxops.ops.iou.decode_boxes`."""
+    """numpy twin of :func:`jaxops.ops.nms.iou.decode_boxes`."""
     b = np.asarray(boxes).astype(dtype)
     p0, p1, q0, q1 = (b[..., k] for k in range(4))
     if center:

@@ -39,6 +39,11 @@ from jaxops.capacity import stats
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import CapacityOverflowError, CapacityOverflowWarning, OpArgumentError
 
+__all__ = [
+    "EXPAND_POLICY_ARGS", "POLICIES", "check_overflow", "check_policy", "documents_policy_args",
+    "next_capacity", "reset_warnings", "run_with_policy", "warn_once",
+]
+
 POLICIES = ("error", "truncate", "expand", "host")
 
 _warned_lock = threading.Lock()

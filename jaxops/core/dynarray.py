@@ -35,6 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+__all__ = [
+    "DynArray", "dims_within",
+]
+
 
 def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)

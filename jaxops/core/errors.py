@@ -8,6 +8,13 @@ clauses keep working.
 
 from __future__ import annotations
 
+__all__ = [
+    "AclError", "BackendUnavailableError", "CapacityOverflowError", "CapacityOverflowWarning",
+    "DuplicateBackendError", "DuplicateOpError", "JaxopsError", "KernelNotFoundError",
+    "LibraryLoadError", "MissingInputError", "OpArgumentError", "OpDTypeError", "OutshapeError",
+    "UnknownAttrError", "UnknownOpError", "UnsupportedDTypeError", "describe",
+]
+
 
 class JaxopsError(Exception):
     """Base class of every jaxops error."""

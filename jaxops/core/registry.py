@@ -42,6 +42,12 @@ from jaxops.core.impl_mode import (OpImplMode, as_impl_mode, impl_mode_names, im
                                     select_impl_mode)
 from jaxops.core.tensor_desc import TensorDesc
 
+__all__ = [
+    "AttrDef", "InferContext", "Input", "KernelFn", "OpDef", "Output", "ParamKind", "REQUIRED",
+    "TensorParam", "check_pending", "get_op", "list_ops", "on_op", "register_op",
+    "unregister_op",
+]
+
 
 class ParamKind(enum.Enum):
     """How many tensors an input/output slot takes (CANN's REQUIRED / OPTIONAL / DYNAMIC)."""

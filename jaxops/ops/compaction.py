@@ -33,6 +33,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+__all__ = [
+    "SlotFn", "compact_indices", "compact_map", "gather_valid",
+]
+
 _SMALL_N = 1 << 14  # mask length up to which the cumsum + scatter formulation is used
 _WORD = 32  # mask bits per packed word
 _UNIT_WORDS = 4  # words per unit: 128 mask bits share one prefix-sum entry

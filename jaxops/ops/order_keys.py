@@ -22,6 +22,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "key_dtype", "rows_differ_from_previous", "sortable_keys", "values_from_keys",
+]
+
 
 def key_dtype(dtype) -> jnp.dtype:
     """uint64 for 64-bit dtypes (x64 on), uint32 for everything narrower."""

@@ -23,6 +23,10 @@ import jax.numpy as jnp
 
 from jaxops.core.numerics import compute_dtype
 
+__all__ = [
+    "Boxes", "decode_boxes", "iou", "suppresses",
+]
+
 
 class Boxes(NamedTuple):
     """Decoded boxes: low and high edge on axis 0 and axis 1, and the area (arrays ``[...]``)."""
