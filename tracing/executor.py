@@ -186,8 +186,7 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     is no ``"expand"`` here; the functional API has it.
     """
     if overflow not in ("truncate", "error"):
-        raise ValueError(f"launch: argument 'overflow': expected 'truncate' or 'error', "
-                         f"got {overflow!r}")
+        raise OpArgumentError("launch", "overflow", "'truncate' or 'error'", repr(overflow))
     ctx = OpArgContext(*op_args)
     op = get_op(op_name)
     inputs, attrs = op.check(ctx.inputs, ctx.attrs)

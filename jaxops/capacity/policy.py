@@ -195,7 +195,7 @@ def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> i
     checked example by example. ``op`` names the operator (or pipeline) in the error or
     warning; a DynArray does not carry it."""
     if policy not in ("error", "warn"):
-        raise ValueError(f"check_overflow: argument 'policy': expected 'error' or 'warn', got {policy!r}")
+        raise OpArgumentError("check_overflow", "policy", "'error' or 'warn'", repr(policy))
     cut = _overflowed_examples(_dyns(tree))
     if not cut:
         return 0

@@ -35,6 +35,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError
 
 _ROUNDINGS = ("pow2", 8, 128, None)
 
@@ -57,7 +58,7 @@ class CapacityStats:
         """Adds one size or many (negative sizes are an error)."""
         arr = np.atleast_1d(np.asarray(sizes, np.int64)).reshape(-1)
         if arr.size and arr.min() < 0:
-            raise ValueError(f"CapacityStats.record: sizes must be >= 0, got {arr.min()}")
+            raise OpArgumentError("CapacityStats.record", "sizes", "sizes >= 0", arr.min())
         with self._lock:
             self._sizes.extend(int(s) for s in arr)
 
@@ -169,8 +170,8 @@ def _round_up(value: float, round_to) -> int:
         return v
     if isinstance(round_to, int) and round_to > 0:
         return -(-v // round_to) * round_to
-    raise ValueError(f"recommend: argument 'round_to': expected one of {_ROUNDINGS} or a "
-                     f"positive int, got {round_to!r}")
+    raise OpArgumentError("recommend", "round_to", f"one of {_ROUNDINGS} or a positive int",
+                          repr(round_to))
 
 
 def recommend(stats: CapacityStats, policy: str = "sigma", k: float = 3.0, q: float = 0.999,
@@ -185,10 +186,10 @@ def recommend(stats: CapacityStats, policy: str = "sigma", k: float = 3.0, q: fl
         target = stats.mean + k * stats.std
     elif policy == "quantile":
         if not 0.0 <= q <= 1.0:
-            raise ValueError(f"recommend: argument 'q': expected a value in [0, 1], got {q}")
+            raise OpArgumentError("recommend", "q", "a value in [0, 1]", q)
         target = float(stats.quantile(q))
     else:
-        raise ValueError(f"recommend: argument 'policy': expected 'sigma' or 'quantile', got {policy!r}")
+        raise OpArgumentError("recommend", "policy", "'sigma' or 'quantile'", repr(policy))
     cap = _round_up(target, round_to)
     limit = theoretical_max if theoretical_max is not None else stats.theoretical_max
     return min(cap, limit) if limit is not None else cap
@@ -208,7 +209,7 @@ class CapacityMetrics:
 def metrics(stats: CapacityStats, capacity: int) -> CapacityMetrics:
     """Memory saving rate, valid-data density and overflow rate of ``capacity``."""
     if capacity <= 0:
-        raise ValueError(f"metrics: argument 'capacity': expected a positive int, got {capacity}")
+        raise OpArgumentError("metrics", "capacity", "a positive int", capacity)
     sizes = stats._need_data()
     tmax = stats.theoretical_max
     return CapacityMetrics(
