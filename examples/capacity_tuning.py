@@ -1,7 +1,7 @@
 """Size an NMS capacity from statistics instead of the theoretical maximum.
 
 1. Run the detection post-processing over a synthetic workload at the theoretical maximum
-   capacity and record every image's output size (``tracing.capacity``).
+   capacity and record every image's output size (``jaxops.capacity``).
 2. Recommend a capacity by the 3σ rule, rounded up to a power of two.
 3. Run a fresh workload at that capacity: report memory saved, valid-data density and the
    observed overflow rate (overflows are flagged by the DynArray, never silent).
@@ -18,7 +18,7 @@ import numpy as np
 
 import jaxops
 from jaxops.demo.detection import MAX_PER_CLASS, NUM_CLASSES, decode, make_anchors, synthetic_outputs
-from tracing import capacity
+from jaxops import capacity
 
 ANCHORS = jnp.asarray(make_anchors())
 

@@ -18,21 +18,23 @@ from jaxops.core.tensor_desc import TensorDesc
 import jaxops.ops  # noqa: E402,F401  (registers every operator)
 import jaxops.backends.host_kernels  # noqa: E402,F401  (host kernels of those operators)
 import jaxops.backends.ascend_ops  # noqa: E402,F401  (their Ascend aclnn kernels)
-from jaxops import backends, hashtable  # noqa: E402,F401
+from jaxops import backends, capacity, hashtable  # noqa: E402,F401
 from jaxops.backends import use_backend  # noqa: E402
-from jaxops.ops.efficient_nms import efficient_nms  # noqa: E402
 from jaxops.ops.masked_select import masked_select  # noqa: E402
-from jaxops.ops.nms import batched_nms, nms, non_max_suppression  # noqa: E402
+from jaxops.ops.nms import batched_nms, efficient_nms, nms, non_max_suppression  # noqa: E402
 from jaxops.ops.nonzero import argwhere, flatnonzero, nonzero  # noqa: E402
 from jaxops.ops.unique import unique, unique_consecutive  # noqa: E402
-from tracing.overflow import check_overflow  # noqa: E402
+from jaxops.capacity import check_overflow  # noqa: E402
+from jaxops.core.registry import check_pending  # noqa: E402
+
+check_pending()  # a kernel registered for a misspelt operator name fails the import
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",
-    "argwhere", "backends", "batched_nms", "check_overflow", "efficient_nms", "flatnonzero",
-    "get_op", "hashtable", "impl_mode", "list_ops", "masked_select", "nms",
+    "argwhere", "backends", "batched_nms", "capacity", "check_overflow", "efficient_nms",
+    "flatnonzero", "get_op", "hashtable", "impl_mode", "list_ops", "masked_select", "nms",
     "non_max_suppression", "nonzero", "refresh", "register_op", "unique",
     "unique_consecutive", "use_backend",
 ]

@@ -9,14 +9,16 @@ True
 
 from jaxops.core.errors import (
     AclError, BackendUnavailableError, BenchmarksNotFound, CapacityOverflowError,
-    CheckpointError, DuplicateOpError, JaxopsError, KernelNotFoundError, MissingInputError,
-    OpArgumentError, OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError,
-    UnsupportedDTypeError, UsageError, describe,
+    CapacityOverflowWarning, CheckpointError, DuplicateBackendError, DuplicateOpError,
+    JaxopsError, KernelNotFoundError, LibraryLoadError, MissingInputError, OpArgumentError,
+    OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError, UnsupportedDTypeError,
+    UsageError, describe,
 )
 
 __all__ = [
     "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
-    "CheckpointError", "DuplicateOpError", "JaxopsError", "KernelNotFoundError",
-    "MissingInputError", "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError",
-    "UnknownOpError", "UnsupportedDTypeError", "UsageError", "describe",
+    "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
+    "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
+    "UnsupportedDTypeError", "UsageError", "describe",
 ]

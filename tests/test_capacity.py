@@ -1,4 +1,4 @@
-"""tracing.capacity statistics and recommendations; tracing.overflow policies (generic part)."""
+"""jaxops.capacity statistics and recommendations; jaxops.capacity overflow policies (generic part)."""
 
 import warnings
 
@@ -10,8 +10,8 @@ import pytest
 import jaxops
 from jaxops import DynArray
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError
-from tracing import capacity, overflow
-from tracing.capacity import CapacityStats, metrics, recommend
+from jaxops.capacity import policy as overflow, stats as capacity
+from jaxops.capacity import CapacityStats, metrics, recommend
 
 
 @pytest.fixture(autouse=True)

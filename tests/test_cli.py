@@ -132,7 +132,7 @@ def test_golden_user_errors(argv, fragment, capsys):
 
 
 def test_golden_records_a_truncating_size(tmp_path, capsys):
-    from tracing.overflow import CapacityOverflowWarning
+    from jaxops.errors import CapacityOverflowWarning
     path = str(tmp_path / "nz.npz")
     with pytest.warns(CapacityOverflowWarning, match="NonZero"):
         code, _, _ = run(["golden", "NonZero", "--out", path, "--size", "1"], capsys)

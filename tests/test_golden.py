@@ -32,9 +32,7 @@ def test_golden_sits_below_tracing_and_has_no_circle():
     imported = {p.stem: _imports(p) for p in GOLDEN.glob("*.py")}
     for module, names in imported.items():
         tracing = {n for n in names if n == "tracing" or n.startswith("tracing.")}
-        # the one exception is the capacity policy's warn_once, which issue 13 moves from
-        # tracing.overflow to jaxops.capacity (below the operators)
-        assert tracing <= {"tracing.overflow"}, (module, tracing)
+        assert not tracing, (module, tracing)
     # specs ← cases ← check; the per-operator specs import them, nothing imports the package
     assert not {n for n in imported["specs"] if n.startswith("jaxops.golden")}
     assert {n for n in imported["cases"] if n.startswith("jaxops.golden")} == {"jaxops.golden.specs"}

@@ -174,7 +174,7 @@ def test_x64_setting_is_part_of_the_key():
 def test_outshape_launch_reports_overflow_and_can_raise():
     import warnings
     from jaxops.core.errors import CapacityOverflowError
-    from tracing.overflow import CapacityOverflowWarning
+    from jaxops.errors import CapacityOverflowWarning
     x = np.array([0, 3, 0, 5, 7, 1], np.int32)  # 4 non-zeros
     shape = np.zeros(9, np.int64)
     fits = launch("NonZero", OP_INPUT(x), OP_ATTR(size=4), OP_OUTSHAPE((shape, 0)))

@@ -16,8 +16,8 @@ import pytest
 import jaxops
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.core.impl_mode import OpImplMode
-from jaxops.ops.iou import decode_boxes
-from jaxops.ops.nms_tiled import greedy_nms, priority_order
+from jaxops.ops.nms.iou import decode_boxes
+from jaxops.ops.nms.tiled import greedy_nms, priority_order
 from tests.cases.nms import (by_score, greedy, np_decode, onnx_suppresses, random_boxes,
                              random_scores, ref_batched_nms, ref_efficient_nms, ref_nms,
                              ref_non_max_suppression, trt_suppresses)

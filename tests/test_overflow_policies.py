@@ -11,7 +11,7 @@ import jaxops
 from jaxops.core.errors import CapacityOverflowError
 from tests.cases.nms import ref_non_max_suppression
 from tests.test_nms import _edge_images
-from tracing import overflow
+from jaxops.capacity import policy as overflow
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +138,7 @@ def test_expand_compilations_are_bounded():
 
 
 def test_record_eagerly_and_inside_jit():
-    from tracing import capacity
+    from jaxops.capacity import stats as capacity
 
     capacity.clear_stats()
     x = np.zeros((4, 5))

@@ -35,7 +35,11 @@ from jaxops.core.registry import OpDef, get_op
 from jaxops.core.tensor_desc import TensorDesc
 from tracing.args import OpArg, OpArgContext
 from tracing.outshape import SLOT_WORDS, encode, refresh_outputs, to_host_words
-from tracing.overflow import warn_once
+from jaxops.capacity import warn_once
+
+__all__ = [
+    "CacheInfo", "LaunchResult", "cache_clear", "cache_info", "launch",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +186,7 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     is no ``"expand"`` here; the functional API has it.
     """
     if overflow not in ("truncate", "error"):
-        raise ValueError(f"launch: argument 'overflow': expected 'truncate' or 'error', "
-                         f"got {overflow!r}")
+        raise OpArgumentError("launch", "overflow", "'truncate' or 'error'", repr(overflow))
     ctx = OpArgContext(*op_args)
     op = get_op(op_name)
     inputs, attrs = op.check(ctx.inputs, ctx.attrs)

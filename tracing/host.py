@@ -41,6 +41,10 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.refresh import exact
 from tracing.outshape import decode, encode
 
+__all__ = [
+    "host_refresh",
+]
+
 
 def host_refresh(tree: Any, callback: Callable[[Any], None], ordered: bool = True) -> None:
     """Calls ``callback`` on the host with ``tree``'s DynArrays refreshed to exact shapes.

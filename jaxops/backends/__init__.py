@@ -7,7 +7,8 @@
 - ``ascend``: Huawei Ascend aclnn kernels through the CANN runtime
   (:mod:`jaxops.backends.ascend`).
 
-Selection rules (``backend=``, :func:`use_backend`, ``JAXOPS_BACKEND``, automatic) are in
+Each backend registers itself into the core's backend table
+(:mod:`jaxops.core.backend_table`). Selection rules (``backend=``, :func:`use_backend`, ``JAXOPS_BACKEND``, automatic) are in
 :mod:`jaxops.backends.selection`; :func:`explain` says what an operator runs on and why,
 :func:`available` lists the backends with their status.
 
@@ -18,11 +19,21 @@ Selection rules (``backend=``, :func:`use_backend`, ``JAXOPS_BACKEND``, automati
 
 from __future__ import annotations
 
-from jaxops.backends.selection import (AUTOMATIC, BACKENDS, ENV_VAR, BackendStatus, Selection,
-                                       available, explain, select, select_backend, use_backend)
+# Each import registers its backend into the core's table; this order is the table's order.
+from jaxops.backends import callback  # noqa: F401,I001  (host)
+from jaxops.backends import ascend  # noqa: F401  (ascend)
+from jaxops.backends import selection
+from jaxops.backends.selection import (AUTOMATIC, ENV_VAR, BackendStatus, Selection, available,
+                                       explain, select, select_backend, use_backend)
 from jaxops.core.errors import BackendUnavailableError
 
 __all__ = [
     "AUTOMATIC", "BACKENDS", "ENV_VAR", "BackendStatus", "BackendUnavailableError", "Selection",
     "available", "explain", "select", "select_backend", "use_backend",
 ]
+
+
+def __getattr__(name: str):
+    if name == "BACKENDS":  # the registered backends, read when asked (the table grows)
+        return selection.BACKENDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

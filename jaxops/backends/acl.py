@@ -17,7 +17,13 @@ import os
 from ctypes import POINTER, c_bool, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, \
     c_uint64, c_void_p
 
-from jaxops.core.errors import AclError
+from jaxops.core.errors import AclError, LibraryLoadError
+
+__all__ = [
+    "ACL_ERROR_REPEAT_INITIALIZE", "ACL_FORMAT_ND", "ACL_MEMCPY_DEVICE_TO_HOST",
+    "ACL_MEMCPY_HOST_TO_DEVICE", "ACL_MEM_MALLOC_HUGE_FIRST", "ACL_SUCCESS", "AclLibraries",
+    "LIBRARIES", "SCALAR_TYPES",
+]
 
 ACL_SUCCESS = 0
 ACL_ERROR_REPEAT_INITIALIZE = 100002
@@ -63,10 +69,6 @@ SCALAR_TYPES = {"tensor": c_void_p, "bool": c_bool, "int64": c_int64, "double": 
 
 # aclnn<Op>(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream)
 _PHASE2 = (c_int, [c_void_p, c_uint64, c_void_p, c_void_p])
-
-
-class LibraryLoadError(OSError):
-    """A toolkit library that is missing or does not export what the shim needs."""
 
 
 def _find(name: str, lib_dirs: list[str]) -> str:

@@ -23,6 +23,10 @@ from jaxops.backends.acl import (ACL_FORMAT_ND, ACL_MEM_MALLOC_HUGE_FIRST,
                                  AclLibraries)
 from jaxops.core.dtypes import DataType
 
+__all__ = [
+    "Arg", "DEVICE_VAR", "In", "Out", "Runtime", "Scalar",
+]
+
 DEVICE_VAR = "ASCEND_DEVICE_ID"
 
 

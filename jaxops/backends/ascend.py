@@ -47,10 +47,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxops.backends.acl import ACL_ERROR_REPEAT_INITIALIZE, AclLibraries, LibraryLoadError
+from jaxops.backends.acl import ACL_ERROR_REPEAT_INITIALIZE, AclLibraries
 from jaxops.backends.aclnn import DEVICE_VAR, Arg, In, Out, Runtime, Scalar
+from jaxops.core.backend_table import BackendEntry, register_backend
 from jaxops.core.dtypes import DataType
-from jaxops.core.errors import AclError, BackendUnavailableError
+from jaxops.core.errors import AclError, BackendUnavailableError, LibraryLoadError
 
 HOME_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 __all__ = ["AclnnSpec", "Diagnosis", "In", "Out", "SPECS", "Scalar", "Step", "detect",
@@ -266,3 +267,14 @@ def dispatch(spec, inputs, attrs) -> tuple[np.ndarray, ...]:
     by backend selection and the kernel's trace-time check for calls from JAX)."""
     outs = runtime().dispatch(spec.aclnn, spec.build(*inputs, **attrs))
     return tuple(spec.finish(outs, *inputs, **attrs))
+
+
+def _status() -> tuple[bool, str]:
+    detection = detect()
+    return detection.available, detection.summary()
+
+
+register_backend(BackendEntry(
+    "ascend", _status, supports=supports, auto_priority=100,
+    auto_reason="the Ascend runtime has its kernel",
+    unavailable_hint=" Run jaxops.backends.ascend.diagnose() for every step."))

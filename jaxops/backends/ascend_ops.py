@@ -25,14 +25,18 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, dispatch, problem
 from jaxops.backends.callback import host_kernel
 from jaxops.core.dtypes import DataType as D
-from jaxops.core.errors import BackendUnavailableError
-from jaxops.core.registry import get_op, list_ops
+from jaxops.core.errors import BackendUnavailableError, DuplicateOpError
+from jaxops.core.numerics import INDEX_FILL
+from jaxops.core.registry import on_op
+
+__all__ = ["INDEX_DTYPES", "UNIQUE2_DTYPES", "aclnn_kernel_for"]
 
 I64 = np.dtype(np.int64)
 #: aclnnNonzero / aclnnMaskedSelect on Atlas A2/A3
@@ -42,9 +46,35 @@ INDEX_DTYPES = frozenset({D.FLOAT, D.FLOAT16, D.DOUBLE, D.INT32, D.INT64, D.INT1
 UNIQUE2_DTYPES = INDEX_DTYPES | {D.UINT16, D.UINT32, D.UINT64}
 
 
-def _nonzero_build(x, *, size, transpose):
-    x = x.reshape(1) if x.ndim == 0 else x  # a scalar is a 1-element vector (the xla rule)
-    return [In(x), Out((x.size, x.ndim), I64)]
+def aclnn_kernel_for(op: str, aclnn: str, dtypes: frozenset[D],
+                     finish: Callable[..., Sequence[np.ndarray]] = lambda outs, *i, **a: outs,
+                     refuses: Callable[..., str | None] | None = None):
+    """Decorator on an aclnn ``build`` function: maps operator ``op`` onto
+    ``aclnn<aclnn>`` (an :class:`AclnnSpec`) and registers its ``ascend`` kernel; an unknown
+    operator name raises :class:`~jaxops.errors.UnknownOpError` at import."""
+    def register(build):
+        spec = AclnnSpec(op, aclnn, dtypes, build, finish,
+                         **({} if refuses is None else {"refuses": refuses}))
+        if op in SPECS:
+            raise DuplicateOpError(f"{op}: aclnn kernel registered twice")
+        on_op(op, lambda opdef: opdef.kernel("ascend")(_ascend_kernel(opdef, spec)),
+              "ascend kernel")
+        SPECS[op] = spec
+        return build
+    return register
+
+
+def _ascend_kernel(op, spec: AclnnSpec):
+    def on_host(*inputs, **attrs):  # checked at trace time; per example under vmap
+        return dispatch(spec, inputs, attrs)
+
+    def check(*inputs, **attrs):  # at trace time, for calls that chose ascend without inputs
+        why = problem(spec, inputs, attrs)
+        if why:
+            raise BackendUnavailableError(f"{spec.op}: the ascend kernel cannot run this call: "
+                                          f"{why}. Use backend='xla'.")
+
+    return host_kernel(op, on_host, check=check)
 
 
 def _nonzero_finish(outs, x, *, size, transpose):
@@ -52,6 +82,13 @@ def _nonzero_finish(outs, x, *, size, transpose):
     return (rows if transpose else rows.T,)
 
 
+@aclnn_kernel_for("NonZero", "Nonzero", INDEX_DTYPES, finish=_nonzero_finish)
+def _nonzero_build(x, *, size, transpose):
+    x = x.reshape(1) if x.ndim == 0 else x  # a scalar is a 1-element vector (the xla rule)
+    return [In(x), Out((x.size, x.ndim), I64)]
+
+
+@aclnn_kernel_for("MaskedSelect", "MaskedSelect", INDEX_DTYPES)
 def _masked_select_build(x, mask, *, size):
     shape = np.broadcast_shapes(x.shape, mask.shape)
     return [In(x), In(mask), Out((math.prod(shape),), x.dtype)]
@@ -66,55 +103,19 @@ def _unique_refuses(*, size, sorted, axis):
     return None
 
 
-def _unique_build(x, *, size, sorted, axis):
-    flat = x.reshape(-1)
-    n = flat.size
-    return [In(flat), Scalar("bool", True), Scalar("bool", True), Scalar("bool", True),
-            Out((n,), x.dtype), Out((n,), I64), Out((n,), I64)]
-
-
 def _unique_finish(outs, x, *, size, sorted, axis):
     values, inverse, counts = outs
     n = inverse.size
     first = np.full(values.shape[0], n, I64)
     np.minimum.at(first, inverse, np.arange(n))  # the kernel does not return first indices
     cap = n if size is None else size
-    return values, first, np.where(inverse < cap, inverse, -1), counts
+    return values, first, np.where(inverse < cap, inverse, INDEX_FILL), counts
 
 
-for _spec in (
-    AclnnSpec("NonZero", "Nonzero", INDEX_DTYPES, _nonzero_build, _nonzero_finish),
-    AclnnSpec("MaskedSelect", "MaskedSelect", INDEX_DTYPES, _masked_select_build,
-              lambda outs, *inputs, **attrs: outs),
-    AclnnSpec("Unique", "Unique2", UNIQUE2_DTYPES, _unique_build, _unique_finish,
-              refuses=_unique_refuses),
-):
-    SPECS[_spec.op] = _spec
-
-
-def _ascend_kernel(spec: AclnnSpec):
-    op = get_op(spec.op)
-
-    def on_host(*inputs, **attrs):  # checked at trace time; per example under vmap
-        return dispatch(spec, inputs, attrs)
-
-    def check(*inputs, **attrs):  # at trace time, for calls that chose ascend without inputs
-        why = problem(spec, inputs, attrs)
-        if why:
-            raise BackendUnavailableError(f"{spec.op}: the ascend kernel cannot run this call: "
-                                          f"{why}. Use backend='xla'.")
-
-    return host_kernel(op, on_host, check=check)
-
-
-def register() -> list[str]:
-    """Registers the ascend kernels of the mapped operators that exist; returns their names."""
-    done = []
-    for name, spec in SPECS.items():
-        if name in list_ops() and not get_op(name).has_kernel("ascend"):
-            get_op(name).kernel("ascend")(_ascend_kernel(spec))
-            done.append(name)
-    return done
-
-
-register()
+@aclnn_kernel_for("Unique", "Unique2", UNIQUE2_DTYPES, finish=_unique_finish,
+                  refuses=_unique_refuses)
+def _unique_build(x, *, size, sorted, axis):
+    flat = x.reshape(-1)
+    n = flat.size
+    return [In(flat), Scalar("bool", True), Scalar("bool", True), Scalar("bool", True),
+            Out((n,), x.dtype), Out((n,), I64), Out((n,), I64)]

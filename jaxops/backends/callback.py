@@ -27,11 +27,21 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxops.core.backend_table import BackendEntry, register_backend
 from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import DuplicateOpError
 from jaxops.core.impl_mode import OpImplMode
-from jaxops.core.registry import KernelFn, OpDef
+from jaxops.core.registry import KernelFn, OpDef, on_op
+
+__all__ = [
+    "HOST_KERNELS", "HostFn", "host_kernel", "host_kernel_for", "pack",
+]
 
 HostFn = Callable[..., Sequence[np.ndarray]]
+
+# The ``host`` backend: every operator with a host kernel; never chosen automatically.
+register_backend(BackendEntry(
+    "host", lambda: (True, "numpy kernels reached through jax.pure_callback (backward pass on xla)")))
 
 
 def pack(op: str, index: int, exact: Any, struct: Any) -> list[np.ndarray]:
@@ -150,3 +160,28 @@ def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
 
     kernel.__name__ = kernel.__qualname__ = f"{op.name}_host_kernel"
     return kernel
+
+
+#: operator name -> numpy function of every host kernel registered with :func:`host_kernel_for`
+HOST_KERNELS: dict[str, HostFn] = {}
+
+
+def host_kernel_for(name: str) -> Callable[[HostFn], HostFn]:
+    """Decorator: registers ``host_fn`` as the ``host`` kernel of operator ``name`` (through
+    :func:`host_kernel`); an unknown name raises :class:`~jaxops.errors.UnknownOpError` at
+    import, with the close matches.
+
+    >>> @host_kernel_for("NonZro")
+    ... def _typo(x, *, size, transpose):
+    ...     return (x,)
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.UnknownOpError: host kernel registered for unknown operator 'NonZro'. Did you mean: NonZero? ...
+    """
+    def register(host_fn: HostFn) -> HostFn:
+        if name in HOST_KERNELS:
+            raise DuplicateOpError(f"{name}: host kernel registered twice")
+        on_op(name, lambda op: op.kernel("host")(host_kernel(op, host_fn)), "host kernel")
+        HOST_KERNELS[name] = host_fn
+        return host_fn
+    return register

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import numpy as np
 
-INDEX_FILL = -1
+from jaxops.backends.callback import host_kernel_for
+from jaxops.core.numerics import INDEX_FILL
+
+__all__ = [
+    "masked_select", "nonzero", "unique", "unique_consecutive",
+]
 
 
+@host_kernel_for("NonZero")
 def nonzero(x, *, size, transpose):
     x = np.asarray(x)
     rows = np.argwhere((x.reshape(1) if x.ndim == 0 else x) != 0)  # [n, rank], row-major
     return (rows if transpose else rows.T,)
 
 
+@host_kernel_for("MaskedSelect")
 def masked_select(x, mask, *, size):
     shape = np.broadcast_shapes(np.shape(x), np.shape(mask))
     return (np.broadcast_to(x, shape)[np.broadcast_to(np.asarray(mask) != 0, shape)],)
@@ -62,6 +69,7 @@ def _differs_from_previous(keys: list[np.ndarray], n: int) -> np.ndarray:
     return out
 
 
+@host_kernel_for("Unique")
 def unique(x, *, size, sorted, axis):
     rows, restore = _items(np.asarray(x), axis)
     n = rows.shape[0]
@@ -84,6 +92,7 @@ def unique(x, *, size, sorted, axis):
     return restore(rows[first]), first, inverse, counts
 
 
+@host_kernel_for("UniqueConsecutive")
 def unique_consecutive(x, *, size, axis):
     rows, restore = _items(np.asarray(x), axis)
     n = rows.shape[0]
@@ -94,11 +103,3 @@ def unique_consecutive(x, *, size, axis):
     return restore(rows[starts]), np.where(run < cap, run, INDEX_FILL), \
         np.diff(np.append(starts, n))
 
-
-#: operator name -> host function
-KERNELS = {
-    "NonZero": nonzero,
-    "MaskedSelect": masked_select,
-    "Unique": unique,
-    "UniqueConsecutive": unique_consecutive,
-}

@@ -3,8 +3,10 @@
 Each function takes numpy inputs and the operator's attrs and returns every output at its
 exact shape, as if capacity were unlimited; :func:`jaxops.backends.callback.host_kernel`
 lays them into the ``xla`` kernel's max-shape structure and reaches them from jit through
-``jax.pure_callback``. Importing this module (``import jaxops`` does) registers a
-``host`` kernel on every operator listed in :data:`KERNELS` that is registered.
+``jax.pure_callback``. Each kernel registers itself by operator name with
+:func:`~jaxops.backends.callback.host_kernel_for` next to its definition (in
+:mod:`~jaxops.backends.host_index` and :mod:`~jaxops.backends.host_nms`); importing this
+module (``import jaxops`` does) imports them.
 
 >>> import jax.numpy as jnp, jaxops
 >>> out = jaxops.get_op("BatchedNMS")(jnp.array([[0, 0, 2, 2], [0, 0, 2, 2.1]]),
@@ -16,26 +18,10 @@ lays them into the ``xla`` kernel's max-shape structure and reaches them from ji
 
 from __future__ import annotations
 
-from jaxops.backends import host_index, host_nms
-from jaxops.backends.callback import host_kernel
-from jaxops.core.registry import get_op, list_ops
+from jaxops.backends import host_index, host_nms  # noqa: F401  (their decorators register)
+from jaxops.backends.callback import HOST_KERNELS
 
 #: operator name -> numpy function
-KERNELS = {
-    **host_index.KERNELS,
-    **host_nms.KERNELS,
-}
+KERNELS = HOST_KERNELS
 
-
-def register() -> list[str]:
-    """Registers the host kernels of the operators that exist; returns their names."""
-    done = []
-    for name, fn in KERNELS.items():
-        if name in list_ops() and not get_op(name).has_kernel("host"):
-            op = get_op(name)
-            op.kernel("host")(host_kernel(op, fn))
-            done.append(name)
-    return done
-
-
-register()
+__all__ = ["KERNELS"]

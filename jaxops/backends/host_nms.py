@@ -1,7 +1,7 @@
 """Host (numpy) kernels of the NMS family: NonMaxSuppression, BatchedNMS, EfficientNMS.
 
 Plain sequential greedy NMS, vectorised per kept box, in the exact float arithmetic of
-:mod:`jaxops.ops.iou` (the same IEEE operations in the same order, so every keep/suppress
+:mod:`jaxops.ops.nms.iou` (the same IEEE operations in the same order, so every keep/suppress
 decision — and hence every integer output — equals the ``xla`` kernel's). The host
 kernels implement ``high_precision`` in every impl mode: they rank by exact scores, where
 the ``xla`` kernel's ``high_performance`` ranks on leading score bits and may then keep a
@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxops.ops.iou import compute_dtype
+from jaxops.backends.callback import host_kernel_for
+from jaxops.core.numerics import compute_dtype
+
+__all__ = [
+    "Boxes", "batched_nms", "by_priority", "candidates", "decode", "efficient_nms", "greedy",
+    "nms_indices", "non_max_suppression",
+]
 
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
 
 
 def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True) -> Boxes:
-    """numpy twin of :func:`jaxops.ops.iou.decode_boxes`."""
+    """numpy twin of :func:`jaxops.ops.nms.iou.decode_boxes`."""
     b = np.asarray(boxes).astype(dtype)
     p0, p1, q0, q1 = (b[..., k] for k in range(4))
     if center:
@@ -88,6 +94,7 @@ def nms_indices(boxes: Boxes, scores: np.ndarray, valid: np.ndarray, t: float,
     return order[keep]
 
 
+@host_kernel_for("NonMaxSuppression")
 def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_threshold,
                         score_threshold, center_point_box, size):
     b, n, _ = boxes.shape
@@ -113,6 +120,7 @@ def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_thresh
     return (np.asarray(rows, np.int64).reshape(-1, 3),)
 
 
+@host_kernel_for("BatchedNMS")
 def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold):
     n = boxes.shape[0]
     limit = n if max_output_size is None else min(n, max_output_size)
@@ -122,6 +130,7 @@ def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_th
                         limit, groups=np.asarray(idxs)),)
 
 
+@host_kernel_for("EfficientNMS")
 def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold,
                   class_agnostic, box_coding, pre_nms_top_k):
     b, n, c = scores.shape
@@ -149,10 +158,3 @@ def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_thres
         out_classes[bi, :len(pos)] = cls[pos]
     return num, out_boxes, out_scores, out_classes
 
-
-#: operator name -> host function
-KERNELS = {
-    "NonMaxSuppression": non_max_suppression,
-    "BatchedNMS": batched_nms,
-    "EfficientNMS": efficient_nms,
-}

@@ -18,6 +18,11 @@ import numpy as np
 
 from jaxops.core.errors import UnsupportedDTypeError
 
+__all__ = [
+    "ALL_NUMERIC", "DataType", "FLOATING", "INDEX", "INTEGER", "REAL", "SIGNED_INT",
+    "UNSIGNED_INT",
+]
+
 
 class DataType(enum.IntEnum):
     """CANN's numeric data-type codes (``ge::DataType``, graph/types.h)."""

@@ -35,6 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from jaxops.core.errors import OpArgumentError
+
+__all__ = [
+    "DynArray", "dims_within",
+]
+
 
 def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
@@ -84,8 +90,8 @@ def dims_within(dims: np.ndarray, max_shape: tuple[int, ...]) -> bool:
 def _check_dims(op: str, arg: str, dims: np.ndarray, max_shape: tuple[int, ...]) -> None:
     """Raises unless every (batched) actual shape in ``dims`` lies within ``[0, max_shape]``."""
     if dims.shape[-1:] == (len(max_shape),) and not dims_within(dims, max_shape):
-        raise ValueError(f"{op}: argument '{arg}': expected dims in [0, max] with max shape "
-                         f"{max_shape}, got {dims.tolist()}")
+        raise OpArgumentError(op, arg, f"dims in [0, max] with max shape {max_shape}",
+                              dims.tolist())
 
 
 @jax.tree_util.register_pytree_node_class
@@ -101,8 +107,8 @@ class DynArray:
         batch_ndim = actual_shape.ndim - 1
         if actual_shape.ndim == 0 or data.ndim - batch_ndim != actual_shape.shape[-1] \
                 or data.shape[:batch_ndim] != actual_shape.shape[:-1]:
-            raise ValueError(f"DynArray: argument 'actual_shape': expected one entry per axis of "
-                             f"data {tuple(data.shape)}, got shape {tuple(actual_shape.shape)}")
+            raise OpArgumentError("DynArray", "actual_shape", "one entry per axis of data "
+                                  f"{tuple(data.shape)}", f"shape {tuple(actual_shape.shape)}")
         if _on_host(given):  # checked here; traced and device shapes are checked where used
             _check_dims("DynArray", "actual_shape", np.asarray(given, np.int64),
                         tuple(data.shape[batch_ndim:]))
@@ -142,9 +148,8 @@ class DynArray:
         buffer = jnp.asarray(buffer).reshape(-1)
         max_shape = tuple(int(d) for d in max_shape)
         if buffer.shape[0] != math.prod(max_shape):
-            raise ValueError(f"DynArray.from_wire: argument 'buffer': expected "
-                             f"{math.prod(max_shape)} elements (max shape {max_shape}), "
-                             f"got {buffer.shape[0]}")
+            raise OpArgumentError("DynArray.from_wire", "buffer", f"{math.prod(max_shape)} "
+                                  f"elements (max shape {max_shape})", buffer.shape[0])
         if _on_host(actual_shape):
             _check_dims("DynArray.from_wire", "actual_shape", np.asarray(actual_shape, np.int64),
                         max_shape)
@@ -228,8 +233,8 @@ class DynArray:
         if axis is None:
             return jnp.prod(self.true_shape, axis=-1) - self.numel()
         if not -self.ndim <= axis < self.ndim:
-            raise ValueError(f"DynArray.lost: argument 'axis': expected an int in "
-                             f"[{-self.ndim}, {self.ndim}), got {axis}")
+            raise OpArgumentError("DynArray.lost", "axis",
+                                  f"an int in [{-self.ndim}, {self.ndim})", axis)
         return self.true_shape[..., axis] - self.actual_shape[..., axis]
 
     # -- functional updates ---------------------------------------------------------------
@@ -247,8 +252,8 @@ class DynArray:
         shape_arr = jnp.asarray(shape) if not isinstance(shape, (list, tuple)) else None
         rank = len(shape) if shape_arr is None else (shape_arr.shape[0] if shape_arr.ndim == 1 else -1)
         if rank != self.ndim:
-            raise ValueError(f"DynArray.set_actual_shape: argument 'shape': expected {self.ndim} "
-                             f"dims (max shape {self.max_shape}), got {rank}")
+            raise OpArgumentError("DynArray.set_actual_shape", "shape",
+                                  f"{self.ndim} dims (max shape {self.max_shape})", rank)
         parts = list(shape) if shape_arr is None else [shape_arr[k] for k in range(rank)]
         if all(_is_concrete(p) for p in parts):
             dims = [int(p) for p in parts]

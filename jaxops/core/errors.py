@@ -8,6 +8,14 @@ clauses keep working.
 
 from __future__ import annotations
 
+__all__ = [
+    "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
+    "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
+    "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
+    "UnsupportedDTypeError", "UsageError", "describe",
+]
+
 
 class JaxopsError(Exception):
     """Base class of every jaxops error."""
@@ -59,6 +67,10 @@ class DuplicateOpError(JaxopsError, ValueError):
     """An operator name was registered twice."""
 
 
+class DuplicateBackendError(JaxopsError, ValueError):
+    """A backend name was registered twice."""
+
+
 class UnsupportedDTypeError(JaxopsError, TypeError):
     """A CANN DataType with no numpy equivalent, or a dtype with no CANN code."""
 
@@ -75,6 +87,10 @@ class CapacityOverflowError(JaxopsError, RuntimeError):
         msg = (f"{op}: output of {true_size} results does not fit capacity {capacity} "
                f"({true_size - capacity} would be lost).")
         super().__init__(f"{msg} {hint}" if hint else msg)
+
+
+class CapacityOverflowWarning(UserWarning):
+    """A truncated data-dependent output (policy ``truncate`` or ``check_overflow(policy="warn")``)."""
 
 
 class BackendUnavailableError(JaxopsError, RuntimeError):
@@ -103,3 +119,7 @@ class BenchmarksNotFound(JaxopsError, RuntimeError):
 
 class CheckpointError(JaxopsError, ValueError):
     """A table file that is not one, is of an unknown version, truncated or corrupt."""
+
+
+class LibraryLoadError(JaxopsError, OSError):
+    """A toolkit library that is missing or does not export what the shim needs."""

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import enum
 
+__all__ = [
+    "Format", "make_format", "primary_format", "sub_format",
+]
+
 
 class Format(enum.IntEnum):
     """CANN's numeric format codes (graph/types.h)."""

@@ -21,6 +21,12 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 
+__all__ = [
+    "OpExecMode", "OpImplMode", "as_impl_mode", "current_impl_mode", "impl_mode",
+    "impl_mode_from_str", "impl_mode_names", "impl_mode_to_str", "parse_kernel_impl_modes",
+    "select_impl_mode", "to_index", "to_index_char",
+]
+
 
 class OpImplMode(enum.IntFlag):
     """opbase ``OpImplMode`` bit flags."""

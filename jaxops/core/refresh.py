@@ -19,6 +19,10 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray, dims_within
 
+__all__ = [
+    "exact", "refresh",
+]
+
 
 def _is_dyn(x: Any) -> bool:
     return isinstance(x, DynArray)

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxops.core.backend_table import select_backend
 from jaxops.core.dtypes import DataType
 from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingInputError,
                                 OpArgumentError, OpDTypeError, UnknownAttrError,
@@ -40,6 +41,12 @@ from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingIn
 from jaxops.core.impl_mode import (OpImplMode, as_impl_mode, impl_mode_names, impl_mode_to_str,
                                     select_impl_mode)
 from jaxops.core.tensor_desc import TensorDesc
+
+__all__ = [
+    "AttrDef", "InferContext", "Input", "KernelFn", "OpDef", "Output", "ParamKind", "REQUIRED",
+    "TensorParam", "check_pending", "get_op", "list_ops", "on_op", "register_op",
+    "unregister_op",
+]
 
 
 class ParamKind(enum.Enum):
@@ -387,8 +394,6 @@ class OpDef:
     def __call__(self, *inputs, backend: str | None = None,
                  impl_mode: OpImplMode | str | None = None, **attrs):
         """Validates, picks impl mode and backend, and runs the kernel (jittable)."""
-        from jaxops.backends import select_backend  # backends sit below the registry
-
         inputs, attrs = self.check(inputs, attrs)
         mode = self.select_mode(impl_mode)
         chosen = select_backend(self, backend, inputs=inputs, attrs=attrs)  # per-config choice
@@ -448,6 +453,11 @@ class OpDef:
 
 
 _REGISTRY: dict[str, OpDef] = {}
+# Registrations made by name before their operator exists (backends sit below the
+# operators and never import them): op name -> [(what, attach)]. register_op attaches them;
+# check_pending, at the end of ``import jaxops``, raises for names no operator claimed.
+_PENDING: dict[str, list[tuple[str, Callable[[OpDef], Any]]]] = {}
+_sealed = False
 
 
 def register_op(op: OpDef) -> OpDef:
@@ -455,6 +465,8 @@ def register_op(op: OpDef) -> OpDef:
     if op.name in _REGISTRY:
         raise DuplicateOpError(f"operator {op.name!r} is already registered")
     _REGISTRY[op.name] = op
+    for _, attach in _PENDING.pop(op.name, []):
+        attach(op)
     return op
 
 
@@ -463,18 +475,55 @@ def unregister_op(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def _unknown(name: str, prefix: str = "unknown operator") -> UnknownOpError:
+    close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+    close += [n for n in _REGISTRY if n.lower() == name.lower() and n not in close]
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return UnknownOpError(f"{prefix} {name!r}.{hint} Registered: "
+                          f"{', '.join(sorted(_REGISTRY)) or '(none)'}")
+
+
 def get_op(name: str) -> OpDef:
     """The registered OpDef called ``name``; an unknown name lists close matches."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
-        close += [n for n in _REGISTRY if n.lower() == name.lower() and n not in close]
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise UnknownOpError(f"unknown operator {name!r}.{hint} Registered: "
-                             f"{', '.join(sorted(_REGISTRY)) or '(none)'}") from None
+        raise _unknown(name) from None
 
 
 def list_ops() -> list[str]:
     """Names of every registered operator, sorted."""
     return sorted(_REGISTRY)
+
+
+def on_op(name: str, attach: Callable[[OpDef], Any], what: str) -> None:
+    """Runs ``attach(op)`` for the operator called ``name``: now if it is registered, else
+    when :func:`register_op` registers it. What a backend's kernel decorator calls.
+
+    While ``import jaxops`` runs, a name no operator claims raises in :func:`check_pending`
+    at its end; afterwards an unknown name raises here. ``what`` names the registration in
+    the error (``"host kernel"``).
+
+    >>> on_op("NonZro", lambda op: None, "doc kernel")
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.UnknownOpError: doc kernel registered for unknown operator 'NonZro'. Did you mean: NonZero? ...
+    """
+    if name in _REGISTRY:
+        attach(_REGISTRY[name])
+    elif _sealed:
+        raise _unknown(name, f"{what} registered for unknown operator")
+    else:
+        _PENDING.setdefault(name, []).append((what, attach))
+
+
+def check_pending() -> None:
+    """Raises :class:`~jaxops.errors.UnknownOpError` for registrations made by
+    :func:`on_op` for a name no operator claimed (a misspelt name), with the close matches;
+    from then on :func:`on_op` checks names at once. ``import jaxops`` calls it last."""
+    global _sealed
+    _sealed = True
+    if _PENDING:
+        name, items = next(iter(_PENDING.items()))
+        _PENDING.clear()  # reported: a later check starts clean
+        raise _unknown(name, f"{items[0][0]} registered for unknown operator")

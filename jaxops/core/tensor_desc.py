@@ -19,6 +19,10 @@ import numpy as np
 from jaxops.core.dtypes import DataType
 from jaxops.core.formats import Format
 
+__all__ = [
+    "TensorDesc", "UNKNOWN_DIM", "UNKNOWN_RANK",
+]
+
 UNKNOWN_DIM = -1
 UNKNOWN_RANK = (-2,)
 

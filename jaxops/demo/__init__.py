@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import time
 
+__all__ = [
+    "main",
+]
+
 
 def main(quick: bool = False) -> int:
     from jaxops.demo import detection, embedding

@@ -14,6 +14,11 @@ import numpy as np
 
 import jaxops
 
+__all__ = [
+    "ANCHORS_PER_CELL", "GRID", "MAX_PER_CLASS", "NUM_CLASSES", "decode", "make_anchors",
+    "postprocess", "run", "synthetic_outputs",
+]
+
 NUM_CLASSES = 4
 GRID = 16            # 16 × 16 anchor centres
 ANCHORS_PER_CELL = 3  # three aspect ratios → 768 anchors per image

@@ -16,6 +16,10 @@ import numpy as np
 
 import jaxops.hashtable as ht
 
+__all__ = [
+    "BATCH", "DIM", "run", "synthetic_clicks", "train_step",
+]
+
 DIM = 8
 BATCH = 256
 

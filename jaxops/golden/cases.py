@@ -24,6 +24,7 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError, UnsupportedDTypeError
 from jaxops.core.impl_mode import OpImplMode, impl_mode_to_str
 from jaxops.core.outshape_format import encode, to_host_words
+from jaxops.capacity import warn_once
 from jaxops.core.registry import OpDef, TensorParam, get_op
 from jaxops.golden.specs import get_spec, input_shape_dtype
 
@@ -94,9 +95,6 @@ def _dims(shape) -> tuple[int, ...]:
 
 def _warn_cut(op: str, run: GoldenRun) -> None:
     """A size attr that cut an output is recorded in the case; say so once per call site."""
-    # The capacity policy's warning (moves from tracing.overflow to jaxops.capacity, issue 13).
-    from tracing.overflow import warn_once
-
     for k, (got, true) in enumerate(zip(run.actual_shapes, run.true_shapes)):
         if true is not None and true != got:
             warn_once(f"{op}: golden case output {k} truncated to {got} by its size attr; "

@@ -8,5 +8,7 @@ registration inside the kernel file.
 import importlib
 import pkgutil
 
+__all__: list[str] = []
+
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

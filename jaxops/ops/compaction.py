@@ -33,6 +33,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops.core.errors import OpArgumentError
+
+__all__ = [
+    "SlotFn", "compact_indices", "compact_map", "gather_valid",
+]
+
 _SMALL_N = 1 << 14  # mask length up to which the cumsum + scatter formulation is used
 _WORD = 32  # mask bits per packed word
 _UNIT_WORDS = 4  # words per unit: 128 mask bits share one prefix-sum entry
@@ -82,11 +88,11 @@ def compact_map(mask: jax.Array, size: int, fn: SlotFn, fill_values: Sequence) -
     mask = (mask if mask.dtype == jnp.bool_ else mask != 0).reshape(-1)
     n = mask.shape[0]
     if n >= 2**31 - _UNIT:
-        raise ValueError(f"compact_map: argument 'mask': expected fewer than 2**31 - {_UNIT} "
-                         f"elements (int32 positions), got {n}")
+        raise OpArgumentError("compact_map", "mask", f"fewer than 2**31 - {_UNIT} elements "
+                              "(int32 positions)", n)
     size = int(size)
     if size < 0:
-        raise ValueError(f"compact_map: argument 'size': expected an int >= 0, got {size}")
+        raise OpArgumentError("compact_map", "size", "an int >= 0", size)
     fill_values = tuple(fill_values)
     if n <= _SMALL_N or size == 0:
         return _compact_scatter(mask, size, fn, fill_values)

@@ -33,6 +33,10 @@ from jaxops.ops.compaction import compact_indices
 from jaxops.ops.order_keys import rows_differ_from_previous
 from jaxops.ops.sorted_search import lower_bound
 
+__all__ = [
+    "Groups", "group_dense_ranks", "group_keys",
+]
+
 _COUNTING_MIN_N = 1 << 14
 _STABLE_SORT_MAX_N = 1 << 11
 

@@ -18,16 +18,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.capacity import documents_policy_args, run_with_policy
 from jaxops.core.dtypes import DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
+from jaxops.ops._conventions import ELEMENT_DTYPES, VALUE_FILL, capacity_attr
 from jaxops.ops.compaction import compact_map, gather_valid
-from jaxops.ops.nonzero import NONZERO_DTYPES, capacity_attr
-from tracing.overflow import documents_policy_args, run_with_policy
 
-VALUE_FILL = 0
+__all__ = [
+    "MASKED_SELECT", "masked_select",
+]
 
 
 def _broadcast_shape(x_shape, mask_shape) -> tuple[int, ...]:
@@ -45,9 +47,9 @@ def _infer_shape(ctx) -> list[tuple[int, ...]]:
 
 MASKED_SELECT = register_op(OpDef(
     name="MaskedSelect",
-    inputs=[Input("x", NONZERO_DTYPES), Input("mask", {DataType.BOOL, DataType.UINT8},
+    inputs=[Input("x", ELEMENT_DTYPES), Input("mask", {DataType.BOOL, DataType.UINT8},
                                                doc="broadcasts with x; uint8: non-zero selects")],
-    outputs=[Output("y", NONZERO_DTYPES, doc="selected elements, row-major; padding 0")],
+    outputs=[Output("y", ELEMENT_DTYPES, doc="selected elements, row-major; padding 0")],
     attrs=[capacity_attr("max number of selected elements; None: the broadcast size")],
     infer_shape=_infer_shape,
     impl_modes=OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE,

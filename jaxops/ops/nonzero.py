@@ -19,26 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.core.dtypes import ALL_NUMERIC, DataType
+from jaxops.capacity import documents_policy_args, run_with_policy
+from jaxops.core.dtypes import DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops._conventions import (ELEMENT_DTYPES, INDEX_FILL, capacity_attr, index_datatype,
+                                     index_dtype)
 from jaxops.ops.compaction import compact_map
-from tracing.overflow import documents_policy_args, run_with_policy
 
-INDEX_FILL = -1
-#: Inputs NonZero accepts: bool, every integer and float dtype, complex.
-NONZERO_DTYPES = ALL_NUMERIC | {DataType.COMPLEX64, DataType.COMPLEX128}
-
-
-def index_dtype() -> jnp.dtype:
-    """int32 with ``jax_enable_x64`` off, int64 (ONNX's index dtype) with it on."""
-    return jax.dtypes.canonicalize_dtype(jnp.int64)
-
-
-def capacity_attr(doc: str) -> AttrDef:
-    """The ``size`` attribute every data-dependent operator here shares (jnp convention)."""
-    return AttrDef("size", "int", None, optional=True, check=lambda v: v >= 0,
-                   expected="an int >= 0 or None", doc=doc)
+__all__ = ["NONZERO", "argwhere", "flatnonzero", "nonzero"]
 
 
 def _index_shape(ctx) -> list[tuple[int, ...]]:
@@ -50,13 +39,13 @@ def _index_shape(ctx) -> list[tuple[int, ...]]:
 
 NONZERO = register_op(OpDef(
     name="NonZero",
-    inputs=[Input("x", NONZERO_DTYPES, doc="any shape; NaN counts as non-zero, -0.0 as zero")],
+    inputs=[Input("x", ELEMENT_DTYPES, doc="any shape; NaN counts as non-zero, -0.0 as zero")],
     outputs=[Output("y", {DataType.INT32, DataType.INT64},
                     doc="indices [rank, n] (transpose: [n, rank]); padding -1")],
     attrs=[capacity_attr("max number of results; None: x.size"),
            AttrDef("transpose", "bool", False, doc="[n, rank] layout (CANN, torch) instead of ONNX's")],
     infer_shape=_index_shape,
-    infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
+    infer_dtype=lambda ctx: [index_datatype()],
     data_dependent=True,
     fill_values=[INDEX_FILL],
     doc="Indices of the non-zero elements in row-major order (ONNX NonZero).",

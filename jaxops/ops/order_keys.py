@@ -22,6 +22,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxops.core.errors import OpDTypeError
+
+__all__ = [
+    "key_dtype", "rows_differ_from_previous", "sortable_keys", "values_from_keys",
+]
+
 
 def key_dtype(dtype) -> jnp.dtype:
     """uint64 for 64-bit dtypes (x64 on), uint32 for everything narrower."""
@@ -40,7 +46,7 @@ def sortable_keys(x: jax.Array) -> jax.Array:
         wide = x.astype(jnp.int64 if bits == 64 else jnp.int32)
         return jax.lax.bitcast_convert_type(wide, kdt) ^ sign
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"sortable_keys: expected a bool, integer or float array, got {x.dtype}")
+        raise OpDTypeError("sortable_keys", "x", "a bool, integer or float array", x.dtype)
     wide = x.astype(jnp.float64 if bits == 64 else jnp.float32)  # exact for f16 / bf16
     wide = jnp.where(wide == 0, jnp.zeros((), wide.dtype), wide)  # -0.0 -> +0.0
     wide = jnp.where(jnp.isnan(wide), jnp.asarray(jnp.nan, wide.dtype), wide)  # one NaN
@@ -59,7 +65,7 @@ def values_from_keys(keys: jax.Array, dtype) -> jax.Array:
         return jax.lax.bitcast_convert_type(keys ^ sign, signed).astype(dtype)
     if dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.unsignedinteger):
         return keys.astype(dtype)
-    raise TypeError(f"values_from_keys: expected a bool or integer dtype, got {dtype}")
+    raise OpDTypeError("values_from_keys", "dtype", "a bool or integer dtype", dtype)
 
 
 def rows_differ_from_previous(keys: jax.Array) -> jax.Array:

@@ -19,6 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+__all__ = [
+    "lower_bound",
+]
+
 _MAX_BUCKETS = 1 << 18
 
 

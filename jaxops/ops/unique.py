@@ -31,18 +31,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxops.capacity import documents_policy_args, run_with_policy
 from jaxops.core.dtypes import DataType, REAL
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops._conventions import (INDEX_FILL, VALUE_FILL, capacity_attr, index_datatype,
+                                     index_dtype)
 from jaxops.ops.compaction import compact_indices, gather_valid
 from jaxops.ops.grouping import group_dense_ranks, group_keys
-from jaxops.ops.nonzero import INDEX_FILL, capacity_attr, index_dtype
 from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
-from tracing.overflow import documents_policy_args, run_with_policy
 
-VALUE_FILL = 0  # padding of y
-COUNT_FILL = 0  # padding of counts
+__all__ = [
+    "COUNT_FILL", "UNIQUE", "UNIQUE_CONSECUTIVE", "UNIQUE_DTYPES", "unique",
+    "unique_consecutive",
+]
+
+COUNT_FILL = VALUE_FILL  # padding of counts
 UNIQUE_DTYPES = REAL | {DataType.BOOL}
 _INDEX_TYPES = {DataType.INT32, DataType.INT64}
 
@@ -77,7 +82,7 @@ def _consecutive_infer(ctx):
 
 
 def _index_dtypes(k):
-    return lambda ctx: [ctx.inputs[0].dtype] + [DataType.from_dtype(index_dtype())] * k
+    return lambda ctx: [ctx.inputs[0].dtype] + [index_datatype()] * k
 
 
 _AXIS = AttrDef("axis", "int", None, optional=True, doc="unique slices along this axis; None: flatten")

@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 import jaxops
-from jaxops.ops.efficient_nms import EfficientNMSOutput
+from jaxops.ops.nms.efficient_nms import EfficientNMSOutput
 from tests.op_matrix import OpCase
 
 F32 = np.float32

@@ -1,8 +1,8 @@
 """Non-maximum suppression: ONNX NonMaxSuppression, torchvision-style ``nms`` / ``batched_nms``.
 
-All of them run the one tiled greedy algorithm of :mod:`jaxops.ops.nms_tiled` on the box
-decoding and overlap test of :mod:`jaxops.ops.iou`; TensorRT-style ``efficient_nms`` lives
-in :mod:`jaxops.ops.efficient_nms`.
+All of them run the one tiled greedy algorithm of :mod:`jaxops.ops.nms.tiled` on the box
+decoding and overlap test of :mod:`jaxops.ops.nms.iou`; TensorRT-style ``efficient_nms`` lives
+in :mod:`jaxops.ops.nms.efficient_nms`.
 
 Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the tests):
 
@@ -31,53 +31,41 @@ dropped: a division-free test ``inter > t * union`` (no faster on the CPU).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.core.dtypes import FLOATING, INDEX, INTEGER, DataType
+from jaxops.capacity import run_with_policy
+from jaxops.core.dtypes import FLOATING, INDEX, INTEGER
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.numerics import compute_dtype
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops._conventions import (INDEX_FILL, IOU_THRESHOLD, NMS_MODES, SCORE_THRESHOLD,
+                                     check_shape, index_datatype, index_dtype)
 from jaxops.ops.compaction import compact_indices
-from jaxops.ops.iou import compute_dtype, decode_boxes
-from jaxops.ops.nms_tiled import score_candidates, sorted_nms
-from tracing.overflow import run_with_policy
+from jaxops.ops.nms.iou import decode_boxes
+from jaxops.ops.nms.tiled import score_candidates, sorted_nms
 
-NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
-
-IOU_THRESHOLD = AttrDef("iou_threshold", "float", 0.0, check=lambda t: 0.0 <= t <= 1.0,
-                        expected="a float in [0, 1] (as ONNX Runtime requires)")
-SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
-                          check=lambda t: not math.isnan(t), expected="a float (not NaN) or None")
-
-
-def index_dtype() -> np.dtype:
-    """int64 with ``jax_enable_x64`` (ONNX's output type), int32 without."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
-
+__all__ = [
+    "BATCHED_NMS", "NON_MAX_SUPPRESSION", "batched_nms", "nms", "non_max_suppression",
+]
 
 # Every NMS operator with a DynArray of indices as its output declares these.
-_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [DataType.from_dtype(index_dtype())],
-                     impl_modes=NMS_MODES, data_dependent=True, fill_values=[-1])
-
-
-def _check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> None:
-    if not ok:
-        raise OpArgumentError(op, arg, f"shape {expected}", f"shape {list(shape)}")
+_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [index_datatype()],
+                     impl_modes=NMS_MODES, data_dependent=True, fill_values=[INDEX_FILL])
 
 
 # -- NonMaxSuppression (ONNX opset 11) ------------------------------------------------------
 
 def _onnx_shapes(boxes_shape: tuple, scores_shape: tuple) -> tuple[int, int, int]:
     op = "NonMaxSuppression"
-    _check_shape(op, "boxes", boxes_shape, "[num_batches, spatial_dimension, 4]",
+    check_shape(op, "boxes", boxes_shape, "[num_batches, spatial_dimension, 4]",
                  len(boxes_shape) == 3 and boxes_shape[2] == 4)
     b, n = boxes_shape[:2]
-    _check_shape(op, "scores", scores_shape, f"[num_batches={b}, num_classes, "
+    check_shape(op, "scores", scores_shape, f"[num_batches={b}, num_classes, "
                  f"spatial_dimension={n}] (matching boxes)",
                  len(scores_shape) == 3 and scores_shape[0] == b and scores_shape[2] == n)
     return b, scores_shape[1], n
@@ -171,7 +159,7 @@ def _rows_dynarray(out, total, rows: int, size: int | None) -> DynArray:
     out = jnp.where((jnp.arange(rows) < actual)[:, None], out, jnp.asarray(-1, out.dtype))
     three = jnp.int32(3)
     true_shape = None if size is None else jnp.stack([total, three])
-    return DynArray(out, jnp.stack([actual, three]), true_shape=true_shape, fill_value=-1)
+    return DynArray(out, jnp.stack([actual, three]), true_shape=true_shape, fill_value=INDEX_FILL)
 
 
 NON_MAX_SUPPRESSION.kernel("xla")(_onnx_kernel)
@@ -203,12 +191,12 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         and the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
         inside jit.
       overflow: what an eager call does when the rows exceed ``size``
-        (:mod:`tracing.overflow`): ``"truncate"`` (default: keep the best, warn once per
+        (:mod:`jaxops.capacity.policy`): ``"truncate"`` (default: keep the best, warn once per
         call site), ``"error"``, ``"expand"`` (rerun at the next power-of-two capacity) or
         ``"host"``. Inside jit the flag travels with the result instead.
-      record: record the number of rows this call needed in :mod:`tracing.capacity` (``True``:
-        under the operator and input shapes; a string: under that call-site name), on the
-        host or, inside jit, through an unordered ``io_callback``.
+      record: record the number of rows this call needed in :mod:`jaxops.capacity.stats`
+        (``True``: under the operator and input shapes; a string: under that call-site
+        name), on the host or, inside jit, through an unordered ``io_callback``.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
       backend: ``"xla"``, ``"host"`` or ``"ascend"`` (default: automatic).
 
@@ -272,7 +260,7 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
         jnp.asarray(boxes)[None], jnp.asarray(scores)[None, None],
         n if max_output_size is None else _limit("nms", max_output_size), iou_threshold,
         score_threshold, impl_mode=impl_mode, backend=backend)
-    return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=-1)
+    return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=INDEX_FILL)
 
 
 def _limit(op: str, value) -> int:
@@ -285,11 +273,11 @@ def _limit(op: str, value) -> int:
 
 def _single_class_shapes(op: str, boxes, scores, idxs=None) -> None:
     bs, ss = tuple(np.shape(boxes)), tuple(np.shape(scores))
-    _check_shape(op, "boxes", bs, "[N, 4]", len(bs) == 2 and bs[1] == 4)
-    _check_shape(op, "scores", ss, f"[N={bs[0]}] (one score per box)", ss == bs[:1])
+    check_shape(op, "boxes", bs, "[N, 4]", len(bs) == 2 and bs[1] == 4)
+    check_shape(op, "scores", ss, f"[N={bs[0]}] (one score per box)", ss == bs[:1])
     if idxs is not None:
         ids = tuple(np.shape(idxs))
-        _check_shape(op, "idxs", ids, f"[N={bs[0]}] (one class id per box)", ids == bs[:1])
+        check_shape(op, "idxs", ids, f"[N={bs[0]}] (one class id per box)", ids == bs[:1])
 
 
 # -- batched_nms (torchvision semantics: independent NMS per class id) ---------------------
@@ -326,7 +314,7 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
                              groups=idxs, exact_ranking=exact_ranking)
     ranks, count = compact_indices(keep, size=limit, fill_value=0)
     kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)
-    return (DynArray(kept.astype(index_dtype()), count.reshape(1), fill_value=-1),)
+    return (DynArray(kept.astype(index_dtype()), count.reshape(1), fill_value=INDEX_FILL),)
 
 
 BATCHED_NMS.kernel("xla")(_batched_kernel)

@@ -30,11 +30,16 @@ from jax import lax
 
 from jaxops.core.dtypes import FLOATING, DataType
 from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.numerics import compute_dtype
 from jaxops.core.registry import REQUIRED, AttrDef, Input, OpDef, Output, register_op
+from jaxops.ops._conventions import IOU_THRESHOLD, SCORE_THRESHOLD, check_shape
 from jaxops.ops.compaction import compact_indices
-from jaxops.ops.iou import compute_dtype, decode_boxes
-from jaxops.ops.nms import IOU_THRESHOLD, SCORE_THRESHOLD, _check_shape
-from jaxops.ops.nms_tiled import greedy_nms, score_candidates
+from jaxops.ops.nms.iou import decode_boxes
+from jaxops.ops.nms.tiled import greedy_nms, score_candidates
+
+__all__ = [
+    "EFFICIENT_NMS", "EfficientNMSOutput", "efficient_nms",
+]
 
 
 class EfficientNMSOutput(NamedTuple):
@@ -48,10 +53,10 @@ class EfficientNMSOutput(NamedTuple):
 
 def _shapes(boxes_shape: tuple, scores_shape: tuple) -> tuple[int, int, int]:
     op = "EfficientNMS"
-    _check_shape(op, "scores", scores_shape, "[batch_size, number_boxes, number_classes]",
+    check_shape(op, "scores", scores_shape, "[batch_size, number_boxes, number_classes]",
                  len(scores_shape) == 3)
     b, n, c = scores_shape
-    _check_shape(op, "boxes", boxes_shape, f"[{b}, {n}, 4] or [{b}, {n}, {c}, 4] (matching "
+    check_shape(op, "boxes", boxes_shape, f"[{b}, {n}, 4] or [{b}, {n}, {c}, 4] (matching "
                  "scores)", tuple(boxes_shape) in ((b, n, 4), (b, n, c, 4)))
     return b, n, c
 

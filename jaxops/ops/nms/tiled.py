@@ -22,7 +22,7 @@ instead was as fast there but 2-5x slower on clustered boxes, many classes or an
 stop; a box-by-box ``fori_loop`` (each step vectorised over all boxes) took 2.5x longer.
 
 >>> import jax.numpy as jnp
->>> from jaxops.ops.iou import decode_boxes
+>>> from jaxops.ops.nms.iou import decode_boxes
 >>> b = decode_boxes(jnp.array([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]]))
 >>> keep, count = greedy_nms(b, jnp.array([True, True, True]), 0.5, max_output=3)
 >>> keep.tolist(), int(count)
@@ -35,7 +35,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxops.ops.iou import Boxes, suppresses
+from jaxops.ops.nms.iou import Boxes, suppresses
+
+__all__ = [
+    "BLOCK", "TILE", "greedy_nms", "priority_order", "score_candidates", "sorted_nms",
+]
 
 TILE = 128   # candidates decided per step
 BLOCK = 256  # kept boxes read per step of the test against earlier tiles
@@ -52,10 +56,10 @@ def greedy_nms(boxes: Boxes, valid: jax.Array, iou_threshold: float, max_output:
     Args:
       boxes: decoded candidate boxes, fields ``[L]``.
       valid: ``[L]`` bool; invalid candidates are never kept and suppress nothing.
-      iou_threshold: see :func:`jaxops.ops.iou.suppresses`.
+      iou_threshold: see :func:`jaxops.ops.nms.iou.suppresses`.
       max_output: stop after this many kept boxes (static).
       groups: optional ``[L]`` int class ids; a box suppresses only boxes of its own group.
-      inclusive: the overlap test, see :func:`jaxops.ops.iou.suppresses`.
+      inclusive: the overlap test, see :func:`jaxops.ops.nms.iou.suppresses`.
       tile, block: step sizes (for tests and tuning); small problems use smaller tiles.
 
     Returns:

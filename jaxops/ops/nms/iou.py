@@ -21,6 +21,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxops.core.numerics import compute_dtype
+
+__all__ = [
+    "Boxes", "decode_boxes", "iou", "suppresses",
+]
+
 
 class Boxes(NamedTuple):
     """Decoded boxes: low and high edge on axis 0 and axis 1, and the area (arrays ``[...]``)."""
@@ -38,11 +44,6 @@ class Boxes(NamedTuple):
     def corners(self) -> jax.Array:
         """``[..., 4]`` as ``[lo0, lo1, hi0, hi1]``."""
         return jnp.stack([self.lo0, self.lo1, self.hi0, self.hi1], axis=-1)
-
-
-def compute_dtype(*dtypes) -> jnp.dtype:
-    """The float type NMS arithmetic runs in: float32, or float64 for float64 inputs."""
-    return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
 
 
 def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool = True,

@@ -1,0 +1,69 @@
+"""Conventions every dynamic-shape operator shares: index dtype, capacity attribute, fill
+values, shape checks, NMS thresholds.
+
+One home, so no operator file imports another for them.
+
+>>> index_dtype() in (np.dtype(np.int32), np.dtype(np.int64))
+True
+>>> capacity_attr("max results").validate("Doc", 3)
+3
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from jaxops.core.dtypes import ALL_NUMERIC, DataType
+from jaxops.core.errors import OpArgumentError
+from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.numerics import INDEX_FILL
+from jaxops.core.registry import AttrDef
+
+__all__ = [
+    "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "NMS_MODES", "SCORE_THRESHOLD", "VALUE_FILL",
+    "capacity_attr", "check_shape", "index_datatype", "index_dtype",
+]
+
+#: Padding of value outputs (selected elements, unique values) and of counts.
+VALUE_FILL = 0
+#: Elements NonZero and MaskedSelect take: bool, every integer and float dtype, complex.
+ELEMENT_DTYPES = ALL_NUMERIC | {DataType.COMPLEX64, DataType.COMPLEX128}
+#: Impl modes of the NMS family.
+NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
+
+IOU_THRESHOLD = AttrDef("iou_threshold", "float", 0.0, check=lambda t: 0.0 <= t <= 1.0,
+                        expected="a float in [0, 1] (as ONNX Runtime requires)")
+SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
+                          check=lambda t: not math.isnan(t), expected="a float (not NaN) or None")
+
+
+def index_dtype() -> np.dtype:
+    """The dtype of index outputs: int64 with ``jax_enable_x64`` (ONNX's), int32 without."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
+
+
+def index_datatype() -> DataType:
+    """:func:`index_dtype` as a CANN DataType (what ``infer_dtype`` returns)."""
+    return DataType.from_dtype(index_dtype())
+
+
+def capacity_attr(doc: str) -> AttrDef:
+    """The ``size`` attribute every data-dependent operator shares (jnp convention)."""
+    return AttrDef("size", "int", None, optional=True, check=lambda v: v >= 0,
+                   expected="an int >= 0 or None", doc=doc)
+
+
+def check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> None:
+    """Raises :class:`~jaxops.errors.OpArgumentError` naming ``op``, ``arg`` and the
+    expected shape unless ``ok``.
+
+    >>> check_shape("Doc", "boxes", (3, 5), "[N, 4]", False)
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.OpArgumentError: Doc: argument 'boxes': expected shape [N, 4], got shape [3, 5].
+    """
+    if not ok:
+        raise OpArgumentError(op, arg, f"shape {expected}", f"shape {list(shape)}")

@@ -1,0 +1,41 @@
+"""The public surface of jaxops, jaxops.hashtable and tracing, written out.
+
+Adding or removing a public name is a conscious change: update the list here in the same
+commit (and say so in the changelog / README), never to make this test pass by accident.
+"""
+
+import importlib
+
+import pytest
+
+PUBLIC = {
+    "jaxops": [
+        "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",
+        "argwhere", "backends", "batched_nms", "capacity", "check_overflow", "efficient_nms",
+        "flatnonzero", "get_op", "hashtable", "impl_mode", "list_ops", "masked_select", "nms",
+        "non_max_suppression", "nonzero", "refresh", "register_op", "unique",
+        "unique_consecutive", "use_backend",
+    ],
+    "jaxops.hashtable": [
+        "AdamWState", "CheckpointError", "EVICTED", "EXPORT", "FILTER", "HashTable",
+        "ImportInfo", "LookupInfo", "VALID", "Words64", "adam_w_init", "apply_adam_w",
+        "as_words", "evict", "export", "find", "from_cann_bytes", "gather", "handle_counters",
+        "home_slot", "import_", "init_table", "join_words", "load", "locate", "lookup",
+        "lookup_or_insert", "murmur3_x86_32", "resize", "row_bytes", "save", "to_cann_bytes",
+        "to_host_int64",
+    ],
+    "tracing": [
+        "CacheInfo", "LaunchResult", "OP_ATTR", "OP_EMPTY", "OP_INPUT", "OP_MEMSET", "OP_MODE",
+        "OP_OPTION", "OP_OUTPUT", "OP_OUTSHAPE", "OP_WORKSPACE", "OpArg", "OpArgContext",
+        "OpArgKind", "cache_clear", "cache_info", "host_refresh", "launch", "outshape",
+    ],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names_are_pinned(module):
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == PUBLIC[module]
+    assert len(set(mod.__all__)) == len(mod.__all__), "a name listed twice"
+    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    assert not missing, f"{module}.__all__ names what it does not define: {missing}"
