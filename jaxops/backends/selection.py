@@ -10,7 +10,9 @@ The rules, strongest first:
    backend raises; an operator the backend has no kernel for runs on ``xla`` instead, and
    :func:`explain` says so.
 3. Otherwise automatic: ``ascend`` when the runtime is available and has the operator's
-   aclnn kernel, else ``xla``. ``host`` is never chosen automatically.
+   aclnn kernel, else ``native`` (C++ FFI kernels, :mod:`jaxops.native`) on the CPU when
+   the library is built and ``JAXOPS_NATIVE`` is not ``0``, else ``xla``. ``host`` is never
+   chosen automatically.
 
 Selection happens when a call is *traced*: a function jitted before entering
 ``use_backend`` keeps the backend it was traced with (jit caches traces by argument
@@ -41,7 +43,7 @@ from jaxops.core.errors import BackendUnavailableError
 from jaxops.core.registry import OpDef, get_op, list_ops
 
 ENV_VAR = "JAXOPS_BACKEND"
-BACKENDS = ("xla", "host", "ascend")
+BACKENDS = ("xla", "host", "ascend", "native")
 AUTOMATIC = "auto"
 
 _scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxops_backend", default=None)
@@ -86,6 +88,10 @@ def _backend_status(name: str) -> tuple[bool, str]:
         return True, "pure-JAX kernels (jit, vmap and grad everywhere)"
     if name == "host":
         return True, "numpy kernels reached through jax.pure_callback (backward pass on xla)"
+    if name == "native":
+        from jaxops import native  # loads the library only when asked
+
+        return native.status()
     from jaxops.backends import ascend  # loads ctypes only when asked
 
     detection = ascend.detect()
@@ -108,7 +114,7 @@ def available() -> list[BackendStatus]:
     """Every backend with its status and the operators that have a kernel on it.
 
     >>> [b.name for b in available()]
-    ['xla', 'host', 'ascend']
+    ['xla', 'host', 'ascend', 'native']
     """
     out = []
     for name in BACKENDS:
@@ -164,12 +170,16 @@ def select(op: OpDef | str, requested: str | None = None, inputs: Sequence[Any] 
             raise BackendUnavailableError(f"{op.name}: backend {name!r} was requested but "
                                           f"cannot run it: {why}.")
         return Selection(op.name, "xla", source, f"fallback: {why}", ((name, why),))
-    ok, why = _backend_status("ascend")
-    if ok:
-        ok, why = _op_support(op, "ascend", inputs, attrs)
+    passed_over = []
+    for name, reason in (("ascend", "the Ascend runtime has its kernel"),
+                         ("native", "its C++ FFI kernel is built")):
+        ok, why = _backend_status(name)
         if ok:
-            return Selection(op.name, "ascend", source, "the Ascend runtime has its kernel")
-    return Selection(op.name, "xla", source, "the default backend", (("ascend", why),))
+            ok, why = _op_support(op, name, inputs, attrs)
+            if ok:
+                return Selection(op.name, name, source, reason, tuple(passed_over))
+        passed_over.append((name, why))
+    return Selection(op.name, "xla", source, "the default backend", tuple(passed_over))
 
 
 def select_backend(op: OpDef, requested: str | None = None,
@@ -201,7 +211,7 @@ def use_backend(name: str) -> Iterator[None]:
     ...         pass
     ... except BackendUnavailableError as e:
     ...     print(e)
-    unknown backend 'tpu' (from use_backend); known backends: xla, host, ascend
+    unknown backend 'tpu' (from use_backend); known backends: xla, host, ascend, native
     """
     if name != AUTOMATIC:
         _check_available(name, "use_backend")
