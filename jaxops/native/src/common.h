@@ -33,10 +33,11 @@ class XlaFloatMode {
 };
 
 // jnp.minimum / jnp.maximum: NaN in either operand gives NaN.
+// Written as selects so that loops over them vectorise.
 template <typename F>
-inline F nan_min(F a, F b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
+inline F nan_min(F a, F b) { const F m = b < a ? b : a; return a != a ? a : (b != b ? b : m); }
 template <typename F>
-inline F nan_max(F a, F b) { return (a != a || b != b) ? a + b : (b > a ? b : a); }
+inline F nan_max(F a, F b) { const F m = b > a ? b : a; return a != a ? a : (b != b ? b : m); }
 
 // An unsigned key whose integer order is the float order (-0.0 below +0.0, NaN last).
 inline uint64_t total_order_key(float f) {

@@ -54,6 +54,40 @@ struct Candidate {
   }
 };
 
+// A heap entry: float32 keys and the index share one 64-bit word (one compare, half the
+// memory of a Candidate); float64 keys need a Candidate.
+template <typename F>
+struct Item {
+  using T = Candidate;
+  static T make(uint64_t key, int64_t i) { return {key, i}; }
+  static int64_t index(const T& t) { return t.index; }
+};
+template <>
+struct Item<float> {
+  using T = uint64_t;
+  static T make(uint64_t key, int64_t i) { return key << 32 | static_cast<uint64_t>(i); }
+  static int64_t index(T t) { return static_cast<int64_t>(t & 0xffffffffull); }
+};
+template <typename F>
+using Heap = std::vector<typename Item<F>::T>;
+
+// Whether any kept box (j < m) suppresses the candidate; no early exit, so the loop
+// vectorises (kept boxes are few: at most the per-class limit).
+template <typename F, bool kGrouped>
+inline bool any_suppresses(const F* k0, const F* k1, const F* k2, const F* k3, const F* ka,
+                           const int32_t* kg, size_t m, F lo0, F lo1, F hi0, F hi1, F a,
+                           int32_t g, F iou_t) {
+  int hit = 0;
+  for (size_t j = 0; j < m; ++j) {
+    const F d0 = nan_min(k2[j], hi0) - nan_max(k0[j], lo0);
+    const F d1 = nan_min(k3[j], hi1) - nan_max(k1[j], lo1);
+    const F inter = nan_max(d0, F(0)) * nan_max(d1, F(0));
+    const bool s = inter / (ka[j] + a - inter) > iou_t;
+    hit |= kGrouped ? (s & (kg[j] == g)) : s;
+  }
+  return hit != 0;
+}
+
 // The priority key of a score (see the file comment); zeros (and, under DAZ, denormals)
 // compare equal to +0.0 as in the xla kernel's where(scores == 0, 0, scores).
 template <typename F>
@@ -67,32 +101,33 @@ inline uint64_t priority_key(F s, uint64_t cleared_bits) {
 // suppresses boxes of its own group.
 template <typename F>
 void greedy(const Boxes<F>& bx, const F* scores, const int32_t* groups, int64_t n, int64_t limit,
-            F iou_t, bool has_st, F st, uint64_t cleared_bits, std::vector<Candidate>& heap,
+            F iou_t, bool has_st, F st, uint64_t cleared_bits, Heap<F>& heap,
             std::vector<int64_t>& kept) {
+  using I = Item<F>;
+  using T = typename I::T;
   heap.clear();
   kept.clear();
   if (limit <= 0) return;
   for (int64_t i = 0; i < n; ++i) {
     const F s = scores[i];
     if (s != s || (has_st && !(s > st))) continue;
-    heap.push_back({priority_key(s, cleared_bits), i});
+    heap.push_back(I::make(priority_key(s, cleared_bits), i));
   }
-  std::make_heap(heap.begin(), heap.end(), std::greater<Candidate>());
+  std::make_heap(heap.begin(), heap.end(), std::greater<T>());
   std::vector<F> k0, k1, k2, k3, ka;  // the kept boxes, contiguous for the inner loop
   std::vector<int32_t> kg;
   while (!heap.empty() && static_cast<int64_t>(kept.size()) < limit) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<Candidate>());
-    const int64_t c = heap.back().index;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<T>());
+    const int64_t c = I::index(heap.back());
     heap.pop_back();
     const F lo0 = bx.lo0[c], lo1 = bx.lo1[c], hi0 = bx.hi0[c], hi1 = bx.hi1[c], a = bx.area[c];
-    bool suppressed = false;
-    for (size_t j = 0; j < k0.size() && !suppressed; ++j) {
-      if (groups != nullptr && kg[j] != groups[c]) continue;
-      const F d0 = nan_min(k2[j], hi0) - nan_max(k0[j], lo0);
-      const F d1 = nan_min(k3[j], hi1) - nan_max(k1[j], lo1);
-      const F inter = nan_max(d0, F(0)) * nan_max(d1, F(0));
-      suppressed = inter / (ka[j] + a - inter) > iou_t;
-    }
+    const bool suppressed =
+        groups == nullptr
+            ? any_suppresses<F, false>(k0.data(), k1.data(), k2.data(), k3.data(), ka.data(),
+                                       nullptr, k0.size(), lo0, lo1, hi0, hi1, a, 0, iou_t)
+            : any_suppresses<F, true>(k0.data(), k1.data(), k2.data(), k3.data(), ka.data(),
+                                      kg.data(), k0.size(), lo0, lo1, hi0, hi1, a, groups[c],
+                                      iou_t);
     if (suppressed) continue;
     kept.push_back(c);
     k0.push_back(lo0), k1.push_back(lo1), k2.push_back(hi0), k3.push_back(hi1), ka.push_back(a);
@@ -137,7 +172,7 @@ ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, i
                     int64_t B, int64_t C, int64_t N, int64_t capacity, int64_t limit, F iou_t,
                     bool has_st, F st, bool center, bool exact) {
   Boxes<F> bx;
-  std::vector<Candidate> heap;
+  Heap<F> heap;
   std::vector<int64_t> kept;
   std::vector<Row> rows;
   std::vector<F> row_scores;
@@ -171,7 +206,7 @@ ffi::Error batched_nms(const F* boxes, const F* scores, const int32_t* groups, I
                        int32_t* count, int64_t batch, int64_t N, int64_t capacity, F iou_t,
                        bool has_st, F st, bool exact) {
   Boxes<F> bx;
-  std::vector<Candidate> heap;
+  Heap<F> heap;
   std::vector<int64_t> kept;
   const uint64_t cleared = cleared_bits<F>(N, exact);
   for (int64_t v = 0; v < batch; ++v) {
