@@ -72,16 +72,18 @@ def run(quick: bool = False) -> list[Result]:
     mask = rng.random(big) < DENSITY
     dev_mask = jax.device_put(mask)
     tag = f"{big >> 20}M" if big >= 1 << 20 else f"{big >> 10}K"
-    results += _pair(f"flatnonzero {tag} bool 10%",
-                     lambda b: (lambda f: lambda: f(dev_mask))(jax.jit(
-                         lambda m: jaxops.flatnonzero(m, backend=b))),
-                     "np.flatnonzero", lambda: np.flatnonzero(mask), 1.2, repeats)
     x = rng.standard_normal(big).astype(np.float32)
     dev_x = jax.device_put(x)
-    results += _pair(f"masked_select {tag} f32 10%",
-                     lambda b: (lambda f: lambda: f(dev_x, dev_mask))(jax.jit(
-                         lambda x, m: jaxops.masked_select(x, m, backend=b))),
-                     "numpy x[mask]", lambda: x[mask], 1.0, repeats)
+    cap = 1 << int(np.ceil(np.log2(big * DENSITY * 1.25)))  # a capacity with headroom
+    for size in (None, cap):  # None: the max-shape output (64 MB for 16M) is part of the bill
+        results += _pair(f"flatnonzero {tag} bool 10% size={size}",
+                         lambda b, size=size: (lambda f: lambda: f(dev_mask))(jax.jit(
+                             lambda m: jaxops.flatnonzero(m, size=size, backend=b))),
+                         "np.flatnonzero", lambda: np.flatnonzero(mask), 1.2, repeats)
+        results += _pair(f"masked_select {tag} f32 10% size={size}",
+                         lambda b, size=size: (lambda f: lambda: f(dev_x, dev_mask))(jax.jit(
+                             lambda x, m: jaxops.masked_select(x, m, size=size, backend=b))),
+                         "numpy x[mask]", lambda: x[mask], 1.0, repeats)
 
     u = rng.standard_normal(1 << (14 if quick else 20)).astype(np.float32)
     dev_u = jax.device_put(u)
