@@ -18,6 +18,7 @@ from jaxops.core.tensor_desc import TensorDesc
 import jaxops.ops  # noqa: E402,F401  (registers every operator)
 import jaxops.backends.host_kernels  # noqa: E402,F401  (host kernels of those operators)
 import jaxops.backends.ascend_ops  # noqa: E402,F401  (their Ascend aclnn kernels)
+import jaxops.native  # noqa: E402,F401  (their native C++ FFI kernels)
 from jaxops import backends, capacity, hashtable  # noqa: E402,F401
 from jaxops.backends import use_backend  # noqa: E402
 from jaxops.ops.masked_select import masked_select  # noqa: E402

@@ -126,7 +126,8 @@ def test_selection_happens_at_trace_time():
 
 def test_available_lists_every_backend_with_status():
     statuses = {b.name: b for b in available()}
-    assert list(statuses) == ["xla", "host", "ascend"]
+    assert list(statuses) == ["xla", "host", "ascend", "native"]
+    assert "NonZero" in statuses["native"].operators and "Relu" not in statuses["native"].operators
     assert statuses["xla"].available and statuses["host"].available
     assert not statuses["ascend"].available and "ASCEND_HOME_PATH" in statuses["ascend"].reason
     assert POSITIVE in statuses["host"].operators and "Relu" not in statuses["host"].operators

@@ -1,0 +1,128 @@
+"""The native (C++ XLA FFI) kernels beside the xla kernels and the peer, in one run.
+
+Each case times the jitted operator on ``backend="native"`` and on ``backend="xla"``, each
+interleaved with its peer (onnxruntime, numpy) on the same inputs, and reports the median
+and best-repeat ratio of each. Targets (issue 18) are judged on the native median ratio.
+Run ``python -m benchmarks.native [--quick] [--json PATH]``; default settings, no huge-page
+tunable (users do not have it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+import jaxops
+from benchmarks.cases_nms import uniform_boxes
+from benchmarks.common import Result, compare, write_json
+from tests.cases.nms import ort_feeds, ort_session
+
+DENSITY = 0.1
+
+
+def _pair(name: str, ours: Callable[[str], Callable[[], Any]], peer_name: str,
+          peer: Callable[[], Any], target: float | None, repeats: int) -> list[Result]:
+    """The case on each backend against the same peer (results checked equal first)."""
+    from jaxops import native as lib
+
+    xla = ours("xla")
+    results = [compare(f"{name} [xla]", xla, peer_name, peer, None, repeats)]
+    if lib.available():
+        native = ours("native")
+        jax.tree_util.tree_map(np.testing.assert_array_equal, jaxops.refresh(native()),
+                               jaxops.refresh(xla()))
+        results.insert(0, compare(f"{name} [native]", native, peer_name, peer, target, repeats))
+    return results
+
+
+def _nms(name, boxes, scores, max_out, iou, score_threshold, repeats, target):
+    session = ort_session(0, score_threshold is not None)
+    feeds = ort_feeds(boxes, scores, max_out, iou, score_threshold)
+    dev = jax.device_put(boxes), jax.device_put(scores)
+    want = session.run(None, feeds)[0]
+
+    def ours(backend):
+        fn = jax.jit(functools.partial(jaxops.non_max_suppression, max_output_boxes_per_class=max_out,
+                                       iou_threshold=iou, score_threshold=score_threshold,
+                                       backend=backend))
+        got = jaxops.refresh(fn(*dev))
+        if not np.array_equal(got.astype(np.int64), want):  # a fast wrong answer is no result
+            raise AssertionError(f"{name} on {backend}: jaxops and onnxruntime disagree")
+        return lambda: fn(*dev)
+    return _pair(name, ours, "onnxruntime NMS", lambda: session.run(None, feeds), target, repeats)
+
+
+def run(quick: bool = False) -> list[Result]:
+    """Every case of the issue's table (smaller inputs with ``quick``)."""
+    rng = np.random.default_rng(0)
+    repeats = 5 if quick else 21
+    n_boxes, big = (1000, 1 << 16) if quick else (5000, 1 << 24)
+    results = _nms(f"ONNX NMS 1x1x{n_boxes} max100 IoU.5", uniform_boxes(rng, n_boxes),
+                   rng.random((1, 1, n_boxes), dtype=np.float32), 100, 0.5, None, repeats, 1.0)
+    b, c, n = (2, 5, 200) if quick else (8, 20, 1000)
+    boxes = np.concatenate([uniform_boxes(rng, n) for _ in range(b)])
+    results += _nms(f"ONNX NMS {b}x{c}x{n} max50 score.05", boxes,
+                    rng.random((b, c, n), dtype=np.float32), 50, 0.5, 0.05, repeats, 1.0)
+
+    mask = rng.random(big) < DENSITY
+    dev_mask = jax.device_put(mask)
+    tag = f"{big >> 20}M" if big >= 1 << 20 else f"{big >> 10}K"
+    x = rng.standard_normal(big).astype(np.float32)
+    dev_x = jax.device_put(x)
+    cap = 1 << int(np.ceil(np.log2(big * DENSITY * 1.25)))  # a capacity with headroom
+    for size in (None, cap):  # None: the max-shape output (64 MB for 16M) is part of the bill
+        results += _pair(f"flatnonzero {tag} bool 10% size={size}",
+                         lambda b, size=size: (lambda f: lambda: f(dev_mask))(jax.jit(
+                             lambda m: jaxops.flatnonzero(m, size=size, backend=b))),
+                         "np.flatnonzero", lambda: np.flatnonzero(mask), 1.2, repeats)
+        results += _pair(f"masked_select {tag} f32 10% size={size}",
+                         lambda b, size=size: (lambda f: lambda: f(dev_x, dev_mask))(jax.jit(
+                             lambda x, m: jaxops.masked_select(x, m, size=size, backend=b))),
+                         "numpy x[mask]", lambda: x[mask], 1.0, repeats)
+
+    u = rng.standard_normal(1 << (14 if quick else 20)).astype(np.float32)
+    dev_u = jax.device_put(u)
+    unique = jax.jit(jaxops.unique)
+    results.append(compare(f"unique {len(u) >> 10}K float32 [xla]",
+                           lambda: unique(dev_u), "np.unique", lambda: np.unique(u), 1.0, repeats))
+    return results
+
+
+def format_table(results: list[Result]) -> str:
+    """Native and xla side by side: ms, median ratio and best ratio against the peer."""
+    head = (f"{'case':44s} {'backend':>7s} {'ms':>8s} {'peer':>16s} {'peer ms':>8s} "
+            f"{'ratio':>6s} {'best':>6s} {'target':>10s}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        case, _, backend = r.name.partition(" [")
+        verdict = "" if r.target is None else f"<={r.target:g} " + ("ok" if r.meets_target else "MISS")
+        lines.append(f"{case:44s} {backend.rstrip(']')[:7]:>7s} {r.ours_s * 1e3:8.2f} "
+                     f"{r.peer:>16s} {r.peer_s * 1e3:8.2f} {r.ratio:6.2f} {r.best_ratio:6.2f} "
+                     f"{verdict:>10s}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    from jaxops import native
+
+    if not native.available():
+        print(f"native kernels unavailable ({native.why_unavailable()}): xla rows only")
+    results = run(args.quick)
+    print(format_table(results))
+    print("unique has no native kernel yet: its row is the xla kernel")
+    if args.json:
+        write_json(results, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+// Shared pieces of the jaxops native kernels: float environment, NaN-propagating min/max,
+// order-preserving integer keys of floats, and dtype dispatch of index outputs.
+#ifndef JAXOPS_NATIVE_COMMON_H_
+#define JAXOPS_NATIVE_COMMON_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxops {
+
+namespace ffi = xla::ffi;
+
+// XLA:CPU runs its kernels with denormals-are-zero and flush-to-zero set (measured:
+// jit(x != 0) is False for 1e-45f, 1e-45f * 1e30f is 0). The native kernels must decide
+// exactly as the xla kernels do, so they run under the same mode, whatever the caller's.
+class XlaFloatMode {
+ public:
+#if defined(__x86_64__) || defined(_M_X64)
+  XlaFloatMode() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }  // FTZ | DAZ
+  ~XlaFloatMode() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#endif
+};
+
+// jnp.minimum / jnp.maximum: NaN in either operand gives NaN.
+// Written as selects so that loops over them vectorise.
+template <typename F>
+inline F nan_min(F a, F b) { const F m = b < a ? b : a; return a != a ? a : (b != b ? b : m); }
+template <typename F>
+inline F nan_max(F a, F b) { const F m = b > a ? b : a; return a != a ? a : (b != b ? b : m); }
+
+// An unsigned key whose integer order is the float order (-0.0 below +0.0, NaN last).
+inline uint64_t total_order_key(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (u & 0x80000000u) ? ~u & 0xffffffffu : u | 0x80000000u;
+}
+inline uint64_t total_order_key(double f) {
+  uint64_t u;
+  std::memcpy(&u, &f, 8);
+  return (u & 0x8000000000000000ull) ? ~u : u | 0x8000000000000000ull;
+}
+
+// A large output XLA hands us is fresh malloc memory: untouched 4 KB pages, each faulting
+// on its first write (a 64 MB output: 16K faults, most of the call, measured here). numpy
+// madvises its large arrays into transparent huge pages; the same advice before the first
+// write gives the output 2 MB pages. Only changes how the pages are backed.
+inline void advise_huge_pages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+}
+
+inline ffi::Error bad(const std::string& what) {
+  return ffi::Error::InvalidArgument("jaxops native: " + what);
+}
+
+inline int64_t product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= dims[i];
+  return p;
+}
+
+}  // namespace jaxops
+
+#endif  // JAXOPS_NATIVE_COMMON_H_

@@ -1,0 +1,215 @@
+// Stream compaction (NonZero, MaskedSelect): one pass over the input, branch-free writes.
+//
+// Both kernels take inputs with any number of leading batch (vmap) axes before the
+// operator's own axes and treat each batch element on its own. Outputs follow the xla
+// kernels exactly: results in row-major order, fill values after them, the true count.
+#include <algorithm>
+#include <complex>
+#include <cstdint>
+#include <cstring>
+
+#include "common.h"
+
+namespace jaxops {
+namespace {
+
+// The set bits of 64 mask bytes (bit j = byte j != 0): each 8-byte word's bytes are OR-ed
+// into their low bit, and one multiply gathers those 8 bits (little-endian words).
+inline uint64_t byte_bits(const uint8_t* bytes) {
+  uint64_t bits = 0;
+  for (int q = 0; q < 8; ++q) {
+    uint64_t t;
+    std::memcpy(&t, bytes + 8 * q, 8);
+    t |= t >> 4, t |= t >> 2, t |= t >> 1;
+    t &= 0x0101010101010101ull;
+    bits |= ((t * 0x0102040810204080ull) >> 56) << (8 * q);
+  }
+  return bits;
+}
+
+// Calls emit(k, i) for the k-th set position i while k < capacity and returns the number
+// of set positions. On the generic path emit also runs for unset positions (its slot is
+// overwritten by the next set one or filled afterwards): branch-free, so the loop does not
+// mispredict on random masks. `bytes` (optional) is a one-byte-per-element mask, read 64
+// elements at a time as a bit mask whose set bits are visited directly (2x faster than
+// the byte loop at 10% density, measured on 16M elements).
+template <typename Pred, typename Emit>
+int64_t compact(int64_t n, const uint8_t* bytes, Pred is_set, Emit emit, int64_t capacity) {
+  int64_t k = 0, i = 0;
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte_bits reads little-endian words");
+  if (bytes != nullptr) {
+    for (; i + 64 <= n && k + 64 <= capacity; i += 64) {
+      for (uint64_t bits = byte_bits(bytes + i); bits != 0; bits &= bits - 1)
+        emit(k++, i + __builtin_ctzll(bits));
+    }
+  }
+  for (; i < n && k < capacity; ++i) {
+    emit(k, i);
+    k += is_set(i) ? 1 : 0;
+  }
+  if (bytes != nullptr)  // past capacity: count only
+    for (; i + 64 <= n; i += 64) k += __builtin_popcountll(byte_bits(bytes + i));
+  for (; i < n; ++i) k += is_set(i) ? 1 : 0;
+  return k;
+}
+
+// Calls fn(is_set, bytes) with the "x != 0" predicate of x's element type, decided as
+// XLA:CPU decides it: float32/64 (and complex) denormals are zero (DAZ), float16 and
+// bfloat16 denormals are not (XLA compares those on their bits), NaN is non-zero.
+template <typename Fn>
+ffi::Error with_nonzero_predicate(const ffi::AnyBuffer& x, Fn fn) {
+  const void* p = x.untyped_data();
+  auto bits_test = [&](auto tag, auto mask) {
+    using U = decltype(tag);
+    const U* v = static_cast<const U*>(p);
+    return fn([=](int64_t i) { return (v[i] & mask) != 0; }, nullptr);
+  };
+  switch (x.element_type()) {
+    case ffi::DataType::PRED:
+    case ffi::DataType::S8:
+    case ffi::DataType::U8: {
+      const uint8_t* v = static_cast<const uint8_t*>(p);
+      return fn([=](int64_t i) { return v[i] != 0; }, v);
+    }
+    case ffi::DataType::S16:
+    case ffi::DataType::U16: return bits_test(uint16_t{}, uint16_t{0xffff});
+    case ffi::DataType::F16:
+    case ffi::DataType::BF16: return bits_test(uint16_t{}, uint16_t{0x7fff});
+    case ffi::DataType::S32:
+    case ffi::DataType::U32: return bits_test(uint32_t{}, uint32_t{0xffffffffu});
+    case ffi::DataType::F32: return bits_test(uint32_t{}, uint32_t{0x7f800000u});
+    case ffi::DataType::S64:
+    case ffi::DataType::U64: return bits_test(uint64_t{}, ~uint64_t{0});
+    case ffi::DataType::F64: return bits_test(uint64_t{}, uint64_t{0x7ff0000000000000ull});
+    case ffi::DataType::C64: {
+      const uint32_t* v = static_cast<const uint32_t*>(p);
+      return fn([=](int64_t i) { return ((v[2 * i] | v[2 * i + 1]) & 0x7f800000u) != 0; },
+                nullptr);
+    }
+    case ffi::DataType::C128: {
+      const uint64_t* v = static_cast<const uint64_t*>(p);
+      return fn([=](int64_t i) {
+        return ((v[2 * i] | v[2 * i + 1]) & 0x7ff0000000000000ull) != 0; }, nullptr);
+    }
+    default: return bad("NonZero: unsupported input dtype");
+  }
+}
+
+// NonZero of each batch element: indices [rank, capacity] (or [capacity, rank] with
+// transpose), -1 after the results; count = the number of non-zero elements.
+template <typename Idx>
+ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64_t rank,
+                        int64_t capacity, bool transpose) {
+  auto dims = x.dimensions();
+  if (rank < 1 || static_cast<int64_t>(dims.size()) < rank) return bad("NonZero: bad rank");
+  const size_t lead = dims.size() - rank;
+  const int64_t batch = product(dims, 0, lead), n = product(dims, lead, dims.size());
+  // Where slot k of coordinate d lives in one batch element's output block.
+  const int64_t slot_stride = transpose ? rank : 1, coord_stride = transpose ? 1 : capacity;
+  for (int64_t b = 0; b < batch; ++b) {
+    Idx* o = out + b * rank * capacity;
+    int64_t found = 0;
+    // The flat position of each result goes to its slot's first coordinate, then unravels.
+    auto err = with_nonzero_predicate(x, [&](auto is_set, const uint8_t* bytes) {
+      const int64_t off = b * n;
+      auto at = [&](int64_t i) { return is_set(off + i); };
+      auto emit = [&](int64_t k, int64_t i) { o[k * slot_stride] = static_cast<Idx>(i); };
+      found = compact(n, bytes ? bytes + off : nullptr, at, emit, capacity);
+      return ffi::Error::Success();
+    });
+    if (err.failure()) return err;
+    const int64_t kept = std::min(found, capacity);
+    if (rank > 1) {
+      for (int64_t k = 0; k < kept; ++k) {
+        int64_t rest = o[k * slot_stride];
+        for (int64_t d = rank - 1; d >= 0; --d) {
+          const int64_t dim = dims[lead + d];
+          o[k * slot_stride + d * coord_stride] = static_cast<Idx>(d ? rest % dim : rest);
+          rest = d ? rest / dim : rest;
+        }
+      }
+    }
+    for (int64_t d = 0; d < rank; ++d)
+      for (int64_t k = kept; k < capacity; ++k) o[k * slot_stride + d * coord_stride] = Idx(-1);
+    count[b] = static_cast<int32_t>(found);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error NonZero(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                   ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t rank, int64_t capacity,
+                   bool transpose) {
+  XlaFloatMode mode;
+  advise_huge_pages(out->untyped_data(), out->size_bytes());
+  switch (out->element_type()) {
+    case ffi::DataType::S32:
+      return nonzero_impl(x, static_cast<int32_t*>(out->untyped_data()), count->typed_data(),
+                          rank, capacity, transpose);
+    case ffi::DataType::S64:
+      return nonzero_impl(x, static_cast<int64_t*>(out->untyped_data()), count->typed_data(),
+                          rank, capacity, transpose);
+    default: return bad("NonZero: index output must be int32 or int64");
+  }
+}
+
+// MaskedSelect of equal-shape x and mask (the caller broadcasts): the selected elements,
+// zeros after them; count = the number selected. Elements are copied as raw words.
+template <typename W>
+void masked_select_impl(const W* x, const uint8_t* mask, W* y, int32_t* count, int64_t batch,
+                        int64_t n, int64_t capacity) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const W* xb = x + b * n;
+    const uint8_t* mb = mask + b * n;
+    W* yb = y + b * capacity;
+    const int64_t found = compact(
+        n, mb, [=](int64_t i) { return mb[i] != 0; },
+        [=](int64_t k, int64_t i) { yb[k] = xb[i]; }, capacity);
+    std::memset(static_cast<void*>(yb + std::min(found, capacity)), 0,
+                sizeof(W) * (capacity - std::min(found, capacity)));
+    count[b] = static_cast<int32_t>(found);
+  }
+}
+
+struct Word128 { uint64_t lo, hi; };
+
+ffi::Error MaskedSelect(ffi::AnyBuffer x, ffi::AnyBuffer mask, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t capacity) {
+  const int64_t total = x.element_count();
+  if (static_cast<int64_t>(mask.element_count()) != total || ffi::ByteWidth(mask.element_type()) != 1)
+    return bad("MaskedSelect: mask must be one byte per element, shaped like x");
+  const int64_t batch = count->element_count(), n = batch ? total / batch : 0;
+  const uint8_t* m = static_cast<const uint8_t*>(mask.untyped_data());
+  int32_t* c = count->typed_data();
+  void* out = y->untyped_data();
+  advise_huge_pages(out, y->size_bytes());
+  const void* in = x.untyped_data();
+  switch (ffi::ByteWidth(x.element_type())) {
+    case 1: masked_select_impl(static_cast<const uint8_t*>(in), m, static_cast<uint8_t*>(out), c, batch, n, capacity); break;
+    case 2: masked_select_impl(static_cast<const uint16_t*>(in), m, static_cast<uint16_t*>(out), c, batch, n, capacity); break;
+    case 4: masked_select_impl(static_cast<const uint32_t*>(in), m, static_cast<uint32_t*>(out), c, batch, n, capacity); break;
+    case 8: masked_select_impl(static_cast<const uint64_t*>(in), m, static_cast<uint64_t*>(out), c, batch, n, capacity); break;
+    case 16: masked_select_impl(static_cast<const Word128*>(in), m, static_cast<Word128*>(out), c, batch, n, capacity); break;
+    default: return bad("MaskedSelect: unsupported element width");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxops
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsNonZero, jaxops::NonZero,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Attr<int64_t>("rank")
+                                  .Attr<int64_t>("capacity")
+                                  .Attr<bool>("transpose"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsMaskedSelect, jaxops::MaskedSelect,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Attr<int64_t>("capacity"));

@@ -1,0 +1,200 @@
+"""The native (C++ XLA FFI) kernels: the op matrix with native forced on, and native == xla
+bit for bit (data, padding, actual and true shapes) on random and edge-case inputs.
+
+Skipped as a whole, with the reason, where the native library is not built or is disabled
+(``JAXOPS_NATIVE=0``); the operator matrix itself then runs on the xla kernels.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxops
+from jaxops import native
+from jaxops.backends import explain, use_backend
+from tests import test_op_matrix as matrix
+
+pytestmark = pytest.mark.skipif(not native.available(),
+                                reason=f"native kernels unavailable: {native.why_unavailable()}")
+
+NATIVE_CASES = [c for c in matrix.CASES if jaxops.get_op(c.op).has_kernel("native")]
+
+
+@pytest.mark.parametrize("case", NATIVE_CASES, ids=str)
+@pytest.mark.parametrize("check", ["eager", "vmap", "grad"])
+def test_op_matrix_on_native(case, check):
+    """Every matrix row of an operator with a native kernel, with native forced on."""
+    # jit and launch trace the same kernels as eager (an OpDef call is jitted)
+    runs = {"eager": lambda: matrix.test_eager(case, 0),
+            "vmap": lambda: case.vmap and matrix.test_vmap(case),
+            "grad": lambda: case.grad_argnums and matrix.test_grad(case)}
+    with use_backend("native"):
+        assert explain(case.op).backend == "native"
+        runs[check]()
+
+
+def _same(fn, *args, **kwargs):
+    """``fn(..., backend=b)`` gives identical pytrees (every leaf, bit for bit) for native
+    and xla (an OpDef call runs its kernel jitted)."""
+    chex.assert_trees_all_equal(fn(*args, backend="native", **kwargs),
+                                fn(*args, backend="xla", **kwargs))
+
+
+SUBNORMAL = {np.float32: 1e-45, np.float16: 6e-8, jnp.bfloat16: 9.2e-41}
+
+
+def _nonzero_inputs(rng):
+    """(input, capacities to try); each distinct shape, dtype and capacity compiles once
+    per backend, so the edge cases share inputs where they can."""
+    special = [0.0, -0.0, np.nan, np.inf, -np.inf, 1.0]
+    for dt, tiny in SUBNORMAL.items():  # NaN, -0.0, denormals as XLA:CPU reads them
+        yield np.array(special + [tiny, -tiny], dt), [None]
+    yield np.array([0, 1e-45, 1e-45j, np.nan, -0.0, 2j], np.complex64), [None]
+    yield np.zeros((3, 0, 2), np.int32), [None, 0]                # empty
+    yield np.ones((5, 7), bool), [None, 35]                       # all selected
+    yield np.asarray(3, np.int8), [None]                          # 0-d
+    yield rng.random(40_000) < 0.1, [None, 3000]                  # xla's blocked path
+    yield rng.integers(-2, 3, (2, 3, 4, 5)).astype(np.int64), [None, 0, 1, 40, 200]
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_nonzero_native_equals_xla(transpose):
+    rng = np.random.default_rng(0)
+    for x, sizes in _nonzero_inputs(rng):
+        for size in sizes:
+            _same(functools.partial(jaxops.get_op("NonZero"), size=size, transpose=transpose), x)
+
+
+def test_masked_select_native_equals_xla():
+    rng = np.random.default_rng(1)
+    cases = [  # (x, mask, capacities)
+        (rng.standard_normal((6, 5)).astype(np.float32), rng.random((6, 5)) < 0.3, [None, 0, 3, 40]),
+        (rng.standard_normal((6, 5)).astype(jnp.bfloat16), rng.random((5,)) < 0.5, [None]),
+        (rng.integers(0, 9, (4, 1, 3)).astype(np.int8), (rng.random((5, 3)) < 0.5).astype(np.uint8), [None]),
+        (np.array([1 + 2j, 3j, 0], np.complex64), np.array([True, False, True]), [None]),
+        (np.zeros((0, 3), np.float32), np.zeros((0, 3), bool), [None]),       # empty
+        (np.ones((4, 4), bool), np.ones((4, 4), bool), [None]),               # all selected
+        (rng.standard_normal(40_000).astype(np.float32), rng.random(40_000) < 0.1, [3000]),
+    ]
+    op = jaxops.get_op("MaskedSelect")
+    for x, mask, sizes in cases:
+        for size in sizes:
+            _same(functools.partial(op, size=size), x, mask)
+
+
+def test_masked_select_native_grad_and_vmap_equal_xla():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 8, 5)).astype(np.float32)
+    mask = rng.random((3, 8, 5)) < 0.4
+
+    def loss(backend):
+        def f(x):
+            d = jaxops.masked_select(x, mask[0], size=20, overflow="truncate", backend=backend)
+            return jnp.sum(d.data * jnp.arange(20.0))
+        return f
+    chex.assert_trees_all_equal(jax.grad(loss("native"))(x[0]), jax.grad(loss("xla"))(x[0]))
+    batched = {b: jax.jit(jax.vmap(lambda x, m, b=b: jaxops.masked_select(x, m, size=30, backend=b)))
+               for b in ("native", "xla")}
+    chex.assert_trees_all_equal(batched["native"](x, mask), batched["xla"](x, mask))
+
+
+def _boxes(rng, n, b=1, kind="uniform"):
+    centre = rng.uniform(0, 100, (b, n, 2))
+    half = rng.uniform(1, 20, (b, n, 2))
+    boxes = np.concatenate([centre - half, centre + half], -1)
+    if kind == "clustered":  # many identical and near-identical boxes
+        boxes = boxes[:, rng.integers(0, max(n // 8, 1), n)]
+        boxes[:, : n // 2] += rng.normal(0, 0.5, (b, n // 2, 4))
+    if kind == "flipped":  # corners in any order, zero-area and NaN boxes
+        boxes = np.where(rng.random((b, n, 1)) < 0.5, boxes[..., [2, 3, 0, 1]], boxes)
+        boxes[:, ::7, 2] = boxes[:, ::7, 0]
+        boxes[:, 3::11, 1] = np.nan
+    return boxes.astype(np.float32)
+
+
+def _scores(rng, shape, kind="uniform"):
+    s = rng.random(shape).astype(np.float32)
+    if kind == "ties":   # few distinct values, +0.0 / -0.0, NaN, -inf
+        s = np.round(s * 4) / 4
+        s.flat[::5] = -0.0
+        s.flat[1::9] = np.nan
+        s.flat[2::13] = -np.inf
+        s.flat[3::17] = 1e-45  # a denormal: XLA:CPU reads it as 0
+    return s
+
+
+NMS_CONFIGS = [  # (attrs, impl mode)
+    (dict(max_output_boxes_per_class=5, iou_threshold=0.5), "high_performance"),
+    (dict(max_output_boxes_per_class=200, iou_threshold=0.3, score_threshold=0.2), None),
+    (dict(max_output_boxes_per_class=1, iou_threshold=0.0, center_point_box=1), None),
+    (dict(max_output_boxes_per_class=10, iou_threshold=0.5, size=7), None),  # overflow
+]
+BOX_KINDS = ("uniform", "clustered", "flipped")
+
+
+def test_onnx_nms_native_equals_xla():
+    """Random, clustered (ties of boxes) and odd boxes (flipped, zero-area, NaN), scores
+    with ties, +0.0 / -0.0, NaN, -inf and denormals: the same compiled kernels serve all."""
+    rng = np.random.default_rng(3)
+    op = jaxops.get_op("NonMaxSuppression")
+    for attrs, mode in NMS_CONFIGS:
+        for kind in BOX_KINDS:
+            for score_kind in ("uniform", "ties"):
+                _same(functools.partial(op, impl_mode=mode, **attrs), _boxes(rng, 64, 2, kind),
+                      _scores(rng, (2, 3, 64), score_kind))
+    for (b, c, n), attrs in [((1, 2, 1), NMS_CONFIGS[1][0]), ((2, 1, 0), NMS_CONFIGS[0][0]),
+                             ((1, 1, 8), dict(max_output_boxes_per_class=0))]:  # 0 selects none
+        _same(functools.partial(op, **attrs), _boxes(rng, n, b), _scores(rng, (b, c, n), "ties"))
+
+
+def test_batched_nms_native_equals_xla():
+    rng = np.random.default_rng(5)
+    op = jaxops.get_op("BatchedNMS")
+    for limit, st, mode in [(None, None, None), (3, 0.3, "high_performance")]:
+        for kind in BOX_KINDS:
+            for score_kind in ("uniform", "ties"):
+                idxs = rng.integers(0, 5, 200).astype(np.int32)
+                _same(functools.partial(op, iou_threshold=0.5, max_output_size=limit,
+                                        score_threshold=st, impl_mode=mode),
+                      _boxes(rng, 200, 1, kind)[0], _scores(rng, (200,), score_kind), idxs)
+    for n, limit in [(1, None), (0, None), (10, 0)]:
+        _same(functools.partial(op, iou_threshold=0.5, max_output_size=limit),
+              _boxes(rng, n)[0], _scores(rng, (n,)), np.zeros(n, np.int32))
+
+
+def test_onnx_nms_native_vmap_and_grad_equal_xla():
+    rng = np.random.default_rng(4)
+    boxes = np.stack([_boxes(rng, 50, 2, "clustered") for _ in range(3)])
+    scores = np.stack([_scores(rng, (2, 2, 50), "ties") for _ in range(3)])
+    f = {b: jax.jit(jax.vmap(lambda x, s, b=b: jaxops.non_max_suppression(
+        x, s, 10, 0.4, size=12, backend=b))) for b in ("native", "xla")}
+    chex.assert_trees_all_equal(f["native"](boxes, scores), f["xla"](boxes, scores))
+    g = {b: jax.grad(lambda s, b=b: jnp.sum(jaxops.non_max_suppression(
+        boxes[0], s, 5, 0.5, backend=b).data * s.sum())) for b in ("native", "xla")}
+    chex.assert_trees_all_equal(g["native"](scores[0]), g["xla"](scores[0]))
+
+
+def test_native_x64_equals_xla():
+    """float64 boxes and int64 indices (x64 on): same results as the xla kernels."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(6)
+        boxes, scores = _boxes(rng, 80, 2).astype(np.float64), _scores(rng, (2, 2, 80), "ties")
+        _same(functools.partial(jaxops.get_op("NonMaxSuppression"), max_output_boxes_per_class=9,
+                                iou_threshold=0.5, size=10), boxes, scores.astype(np.float64))
+        _same(functools.partial(jaxops.get_op("NonZero"), size=None, transpose=False),
+              np.array([0, 5e-324, 1.0, np.nan]))
+
+
+def test_disabled_by_env_var_falls_back_to_xla_and_says_why():
+    code = ("import jaxops; from jaxops import native; s = jaxops.backends.explain('NonZero');"
+            "print(s.backend, native.available(), '|', s)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, JAXOPS_NATIVE="0")).stdout
+    assert out.startswith("xla False |") and "JAXOPS_NATIVE=0" in out, out
