@@ -43,6 +43,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
+from jaxops.ops.float_bits import largest_at_most
 from jaxops.ops.iou import compute_dtype, decode_boxes
 from jaxops.ops.nms_tiled import score_candidates, sorted_nms
 from tracing.overflow import run_with_policy
@@ -267,12 +268,21 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
       [1, 2]
     """
     _single_class_shapes("nms", boxes, scores)
-    n = boxes.shape[0]
+    n = np.shape(boxes)[0]
+    boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
     rows = non_max_suppression(
-        jnp.asarray(boxes)[None], jnp.asarray(scores)[None, None],
-        n if max_output_size is None else _limit("nms", max_output_size), iou_threshold,
+        boxes[None], scores[None, None],
+        n if max_output_size is None else _limit("nms", max_output_size),
+        _torchvision_threshold(iou_threshold, compute_dtype(boxes.dtype, scores.dtype)),
         score_threshold, impl_mode=impl_mode, backend=backend)
     return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=-1)
+
+
+def _torchvision_threshold(t, dtype):
+    """torchvision compares its float IoU with a double threshold: in ``dtype`` that is
+    ``IoU > largest_at_most(t)`` (at IoU 0.6f, ``0.6f > 0.6`` holds in double)."""
+    ok = isinstance(t, (int, float, np.floating, np.integer)) and not isinstance(t, bool)
+    return largest_at_most(float(t), dtype) if ok and np.isfinite(t) else t
 
 
 def _limit(op: str, value) -> int:
@@ -322,7 +332,8 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     dtype = compute_dtype(boxes.dtype, scores.dtype)
     scores = scores.astype(dtype)
     order, keep = sorted_nms(decode_boxes(boxes, dtype=dtype), scores,
-                             score_candidates(scores, score_threshold), iou_threshold, limit,
+                             score_candidates(scores, score_threshold),
+                             _torchvision_threshold(iou_threshold, dtype), limit,
                              groups=idxs, exact_ranking=exact_ranking)
     ranks, count = compact_indices(keep, size=limit, fill_value=0)
     kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)
