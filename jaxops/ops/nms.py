@@ -41,6 +41,7 @@ from jaxops.core.dtypes import FLOATING, INDEX, INTEGER, DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
+from jaxops.core.narrowing import check_fits
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.float_bits import largest_at_most
@@ -269,6 +270,8 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
     """
     _single_class_shapes("nms", boxes, scores)
     n = np.shape(boxes)[0]
+    check_fits("nms", "boxes", boxes)  # before jnp.asarray narrows them
+    check_fits("nms", "scores", scores)
     boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
     rows = non_max_suppression(
         boxes[None], scores[None, None],
