@@ -3,6 +3,8 @@ subnormals (XLA:CPU and host callbacks flush them), 64-bit inputs with x64 off, 
 torchvision's double-precision IoU threshold. References: numpy, ONNX Runtime, and the
 numpy transcription of torchvision's loop in tests/cases/nms.py."""
 
+import warnings
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -109,3 +111,56 @@ def test_64bit_inputs_are_exact_with_x64_on():
     with jax.enable_x64(True):
         x = np.array([2**40 + 5, 1, 2**40 + 5, 7])
         chex.assert_trees_all_equal(jaxops.refresh(jaxops.unique(x)), np.unique(x))
+
+
+def test_refresh_of_an_overflowed_dynarray_warns_unless_truncation_is_allowed():
+    d = jax.jit(lambda x: jaxops.flatnonzero(x, size=2))(jnp.ones(5))
+    assert "true_shape=[5]" in repr(d)
+    with pytest.warns(jaxops.errors.CapacityOverflowWarning, match="3 elements lost"):
+        got = jaxops.refresh(d)
+    assert got.tolist() == [0, 1] and int(d.lost()) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jaxops.refresh(d, allow_truncated=True).tolist() == [0, 1]
+        assert jaxops.refresh(jaxops.flatnonzero(jnp.ones(5), size=5)).tolist() == list(range(5))
+
+
+@pytest.mark.parametrize("size", [2**31, 10**12, -1])
+def test_size_out_of_range_names_the_op_and_size(size):
+    with pytest.raises(jaxops.errors.OpArgumentError, match=r"NonZero: argument 'size'.*2\*\*31"):
+        jaxops.nonzero(jnp.ones(3), size=size)
+
+
+def test_nms_accepts_python_lists():
+    boxes, scores = [[0, 0, 8, 8], [2, 0, 10, 8.0]], [0.9, 0.8]
+    assert jaxops.refresh(jaxops.nms(boxes, scores, 0.6)).tolist() == ref_nms(
+        np.array(boxes), np.array(scores), 0.6).tolist()
+
+
+def test_onnx_default_max_output_zero_warns_and_selects_nothing_as_onnxruntime():
+    boxes, scores = np.zeros((1, 2, 4), np.float32), np.ones((1, 1, 2), np.float32)
+    with pytest.warns(UserWarning, match="max_output_boxes_per_class is 0"):
+        got = jaxops.refresh(jaxops.non_max_suppression(boxes, scores))
+    assert got.shape == run_ort(boxes, scores, 0, 0.0).shape == (0, 3)
+
+
+@pytest.mark.parametrize("slot", [999, 3, -5, -2])
+def test_hashtable_gather_refuses_slots_outside_the_table(slot):
+    values = jnp.arange(6.0).reshape(3, 2)
+    with pytest.raises(jaxops.errors.OpArgumentError, match=rf"gather: argument 'slots'.*got {slot}"):
+        jaxops.hashtable.gather(values, np.array([0, slot, -1]))
+    got = jaxops.hashtable.gather(values, np.array([2, -1]), 7.0)
+    chex.assert_trees_all_equal(got, jnp.array([[4.0, 5.0], [7.0, 7.0]]))
+
+
+@pytest.mark.parametrize("make", [lambda: jnp.zeros(9, jnp.int32),
+                                  lambda: np.zeros(9, np.int64).setflags(write=False)],
+                         ids=["jax_array", "read_only_numpy"])
+def test_launch_refuses_an_outshape_tensor_it_cannot_write(make):
+    from tracing import OP_INPUT, OP_OUTSHAPE, launch
+    tensor = make()
+    if tensor is None:  # setflags returns None: build the read-only array here
+        tensor = np.zeros(9, np.int64)
+        tensor.setflags(write=False)
+    with pytest.raises(jaxops.errors.OpArgumentError, match="NonZero: argument 'OP_OUTSHAPE'"):
+        launch("NonZero", OP_INPUT(jnp.array([0, 3])), OP_OUTSHAPE(tensor, 0))

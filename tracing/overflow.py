@@ -36,14 +36,10 @@ import jax
 import numpy as np
 
 from jaxops.core.dynarray import DynArray
-from jaxops.core.errors import CapacityOverflowError, OpArgumentError
+# CapacityOverflowWarning lives in core (refresh warns too); re-exported here.
+from jaxops.core.errors import CapacityOverflowError, CapacityOverflowWarning, OpArgumentError
 
 POLICIES = ("error", "truncate", "expand", "host")
-
-
-class CapacityOverflowWarning(UserWarning):
-    """A truncated data-dependent output (policy ``truncate`` or ``check_overflow(policy="warn")``)."""
-
 
 _warned_lock = threading.Lock()
 _warned_sites: set[tuple[str, int]] = set()

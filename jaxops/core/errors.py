@@ -77,6 +77,11 @@ class CapacityOverflowError(JaxopsError, RuntimeError):
         super().__init__(f"{msg} {hint}" if hint else msg)
 
 
+class CapacityOverflowWarning(UserWarning):
+    """A truncated data-dependent output: policy ``truncate``, ``check_overflow(policy="warn")``
+    or :func:`~jaxops.refresh` of an overflowed DynArray."""
+
+
 class BackendUnavailableError(JaxopsError, RuntimeError):
     """An explicitly requested backend cannot run here; the message says why."""
 

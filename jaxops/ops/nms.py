@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -234,6 +235,12 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
             backend=rerun_backend or backend)[0]
 
     b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
+    if isinstance(max_output_boxes_per_class, (int, np.integer)) and \
+            max_output_boxes_per_class == 0 and b * c * n:
+        # ONNX's default, kept for conformance; a silent empty result surprises users.
+        warnings.warn("NonMaxSuppression: max_output_boxes_per_class is 0 (ONNX's default), so "
+                      "no box is selected; pass the number of boxes to keep per class.",
+                      UserWarning, stacklevel=2)
     limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
                                                      (int, np.integer)) else n
     return run_with_policy(run, op="NonMaxSuppression", size=size,
