@@ -198,6 +198,12 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     pairs = list(ctx.outshape)
     tensor = pairs[0][0] if pairs else None
     word_dtype = np.dtype(tensor.dtype) if tensor is not None else None
+    if tensor is not None and not (isinstance(tensor, np.ndarray) and tensor.flags.writeable):
+        # The kernel writes the caller's tensor in place: an immutable one would stay stale.
+        raise OpArgumentError(op.name, "OP_OUTSHAPE", "a writeable numpy array (the launch "
+                              "writes the shapes into it)", "a read-only numpy array"
+                              if isinstance(tensor, np.ndarray) else type(tensor).__name__,
+                              "Pass np.zeros(9 * n_outputs, np.int64) or similar.")
     if tensor is not None and np.size(tensor) < SLOT_WORDS * len(pairs):
         raise OutshapeError(f"{op.name}: the OP_OUTSHAPE tensor has {np.size(tensor)} words; "
                             f"{len(pairs)} outputs need {SLOT_WORDS * len(pairs)}")

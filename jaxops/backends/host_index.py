@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxops.backends.callback import host_kernel_for
+from jaxops.core.float_bits import np_is_nonzero, np_ordered_bits
 from jaxops.core.numerics import INDEX_FILL
 
 __all__ = [
@@ -23,14 +24,14 @@ __all__ = [
 @host_kernel_for("NonZero")
 def nonzero(x, *, size, transpose):
     x = np.asarray(x)
-    rows = np.argwhere((x.reshape(1) if x.ndim == 0 else x) != 0)  # [n, rank], row-major
+    rows = np.argwhere(np_is_nonzero(x.reshape(1) if x.ndim == 0 else x))  # [n, rank], row-major
     return (rows if transpose else rows.T,)
 
 
 @host_kernel_for("MaskedSelect")
 def masked_select(x, mask, *, size):
     shape = np.broadcast_shapes(np.shape(x), np.shape(mask))
-    return (np.broadcast_to(x, shape)[np.broadcast_to(np.asarray(mask) != 0, shape)],)
+    return (np.broadcast_to(x, shape)[np.broadcast_to(np_is_nonzero(mask), shape)],)
 
 
 def _items(x: np.ndarray, axis: int | None):
@@ -45,17 +46,15 @@ def _items(x: np.ndarray, axis: int | None):
 
 
 def _key_columns(rows: np.ndarray) -> list[np.ndarray]:
-    """Comparable key columns, most significant first (NaN flag and value for floats)."""
+    """Comparable key columns, most significant first."""
     cols = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
     keys = []
     for j in range(cols.shape[1]):
         c = cols[:, j]
         if np.issubdtype(c.dtype, np.integer) or c.dtype == np.bool_:
             keys.append(c.astype(np.uint64 if c.dtype.kind in "ub" else np.int64))
-        else:  # float16 / bfloat16 / float32 / float64 are exact in float64
-            wide = c.astype(np.float64)
-            nan = np.isnan(wide)
-            keys += [nan, np.where(nan, 0.0, wide) + 0.0]  # + 0.0 turns -0.0 into +0.0
+        else:  # on the bits: immune to the callback thread's FTZ/DAZ state
+            keys.append(np_ordered_bits(c).astype(np.uint64))
     return keys
 
 

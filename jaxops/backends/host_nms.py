@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxops.backends.callback import host_kernel_for
+from jaxops.core.float_bits import largest_at_most, np_greater, np_ordered_bits
 from jaxops.core.numerics import compute_dtype
 
 __all__ = [
@@ -74,14 +75,13 @@ def greedy(boxes: Boxes, valid: np.ndarray, t: float, max_output: int,
 def candidates(scores: np.ndarray, threshold: float | None, inclusive: bool = False) -> np.ndarray:
     if threshold is None:
         return ~np.isnan(scores)
-    t = np.asarray(threshold, scores.dtype)
-    return scores >= t if inclusive else scores > t
+    return np_greater(scores, threshold, inclusive)
 
 
 def by_priority(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Valid first, by decreasing key, ties (+0.0 / -0.0 included) to the lower index."""
     ids = np.arange(keys.shape[0])
-    return np.lexsort((ids, -np.where(valid, keys, 0), ~valid))
+    return np.lexsort((ids, np.where(valid, ~np_ordered_bits(keys), 0), ~valid))
 
 
 def nms_indices(boxes: Boxes, scores: np.ndarray, valid: np.ndarray, t: float,
@@ -126,7 +126,8 @@ def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_th
     limit = n if max_output_size is None else min(n, max_output_size)
     dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
     s = scores.astype(dtype)
-    return (nms_indices(decode(boxes, dtype), s, candidates(s, score_threshold), iou_threshold,
+    t = largest_at_most(iou_threshold, dtype)  # torchvision: float IoU > double threshold
+    return (nms_indices(decode(boxes, dtype), s, candidates(s, score_threshold), t,
                         limit, groups=np.asarray(idxs)),)
 
 

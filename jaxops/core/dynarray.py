@@ -190,6 +190,8 @@ class DynArray:
     def __repr__(self) -> str:
         return (f"DynArray(dtype={self.dtype}, max_shape={self.max_shape}, "
                 f"actual_shape={self.actual_shape}, fill_value={self.fill_value!r}"
+                + ("" if self.true_shape is None else f", true_shape={self.true_shape} "
+                   "(overflowed where it exceeds actual_shape)")
                 + (f", batch_shape={self.batch_shape}" if self.batch_shape else "") + ")")
 
     # -- traced queries -------------------------------------------------------------------

@@ -90,7 +90,8 @@ class CapacityOverflowError(JaxopsError, RuntimeError):
 
 
 class CapacityOverflowWarning(UserWarning):
-    """A truncated data-dependent output (policy ``truncate`` or ``check_overflow(policy="warn")``)."""
+    """A truncated data-dependent output: policy ``truncate``, ``check_overflow(policy="warn")``
+    or :func:`~jaxops.refresh` of an overflowed DynArray."""
 
 
 class BackendUnavailableError(JaxopsError, RuntimeError):

@@ -40,6 +40,7 @@ from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingIn
                                 UnknownOpError, UnsupportedDTypeError)
 from jaxops.core.impl_mode import (OpImplMode, as_impl_mode, impl_mode_names, impl_mode_to_str,
                                     select_impl_mode)
+from jaxops.core.narrowing import check_fits
 from jaxops.core.tensor_desc import TensorDesc
 
 __all__ = [
@@ -358,6 +359,7 @@ class OpDef:
             if code not in param.dtypes:
                 raise OpDTypeError(self.name, param.name, "dtype in {" + ", ".join(
                     param.dtype_names()) + "}", str(dtype))
+            check_fits(self.name, param.name, v)  # x64 off must not change a value
 
     def _describe_input(self, param: TensorParam, value: Any):
         if value is None:

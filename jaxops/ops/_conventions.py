@@ -52,8 +52,9 @@ def index_datatype() -> DataType:
 
 def capacity_attr(doc: str) -> AttrDef:
     """The ``size`` attribute every data-dependent operator shares (jnp convention)."""
-    return AttrDef("size", "int", None, optional=True, check=lambda v: v >= 0,
-                   expected="an int >= 0 or None", doc=doc)
+    # < 2**31: actual shapes are int32 (a larger size would overflow inside JAX).
+    return AttrDef("size", "int", None, optional=True, check=lambda v: 0 <= v < 2**31,
+                   expected="an int in [0, 2**31) or None", doc=doc)
 
 
 def check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> None:

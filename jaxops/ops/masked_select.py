@@ -22,6 +22,7 @@ from jaxops.capacity import documents_policy_args, run_with_policy
 from jaxops.core.dtypes import DataType
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.float_bits import is_nonzero
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
 from jaxops.ops._conventions import ELEMENT_DTYPES, VALUE_FILL, capacity_attr
@@ -96,7 +97,7 @@ _gather_f32_accumulate.defvjp(_gather_fwd, _gather_bwd)
 def _masked_select(x, mask, *, size, f32_grad):
     shape = _broadcast_shape(x.shape, mask.shape)
     capacity = math.prod(shape) if size is None else size
-    full_mask = jnp.broadcast_to(mask != 0, shape)  # fused into the mask packing
+    full_mask = jnp.broadcast_to(is_nonzero(mask), shape)  # fused into the mask packing
     (src,), count = compact_map(full_mask, capacity, _source_index(x.shape, shape), [0])
     flat = x.reshape(-1)
     if f32_grad and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 and flat.shape[0]:

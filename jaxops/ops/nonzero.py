@@ -22,6 +22,7 @@ import numpy as np
 from jaxops.capacity import documents_policy_args, run_with_policy
 from jaxops.core.dtypes import DataType
 from jaxops.core.dynarray import DynArray
+from jaxops.core.float_bits import is_nonzero, np_is_nonzero
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (ELEMENT_DTYPES, INDEX_FILL, capacity_attr, index_datatype,
                                      index_dtype)
@@ -64,7 +65,7 @@ def _nonzero_xla(x, *, size, transpose):
             rest = rest // dim
         return [rest] + coords[::-1]
 
-    coords, count = compact_map(x != 0, capacity, coordinates, [INDEX_FILL] * len(shape))
+    coords, count = compact_map(is_nonzero(x), capacity, coordinates, [INDEX_FILL] * len(shape))
     data = jnp.stack(coords).astype(index_dtype())
     found = jnp.minimum(count, capacity)
     rank = len(shape)
@@ -101,6 +102,9 @@ def nonzero(x: jax.Array, *, size: int | None = None, transpose: bool = False,
       >>> jaxops.refresh(jaxops.nonzero(jnp.array([0.0, jnp.nan, -0.0, 2.0]))).tolist()
       [[1, 3]]
     """
+    if isinstance(x, np.ndarray) and x.dtype.itemsize >= 8 and not jax.config.jax_enable_x64:
+        x = np_is_nonzero(x)  # exact: only zero-ness counts, and x64 off would narrow values
+
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
         return NONZERO(x, size=capacity, transpose=transpose, backend=rerun_backend or backend)[0]
 

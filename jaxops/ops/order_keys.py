@@ -7,6 +7,7 @@ operands, and because the keys fix the equality rules once:
 - ``-0.0`` and ``0.0`` are one value;
 - every NaN (any sign or payload) is one value, ordered after ``+inf`` (numpy's
   ``equal_nan=True``; ONNX leaves NaN unspecified);
+- subnormals are values (decided on the bits, see :mod:`jaxops.core.float_bits`);
 - integers and bools keep their order; keys are uint32, or uint64 for 64-bit dtypes.
 
 >>> import jax.numpy as jnp
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpDTypeError
+from jaxops.core.float_bits import ordered_bits
 
 __all__ = [
     "key_dtype", "rows_differ_from_previous", "sortable_keys", "values_from_keys",
@@ -47,12 +49,8 @@ def sortable_keys(x: jax.Array) -> jax.Array:
         return jax.lax.bitcast_convert_type(wide, kdt) ^ sign
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise OpDTypeError("sortable_keys", "x", "a bool, integer or float array", x.dtype)
-    wide = x.astype(jnp.float64 if bits == 64 else jnp.float32)  # exact for f16 / bf16
-    wide = jnp.where(wide == 0, jnp.zeros((), wide.dtype), wide)  # -0.0 -> +0.0
-    wide = jnp.where(jnp.isnan(wide), jnp.asarray(jnp.nan, wide.dtype), wide)  # one NaN
-    raw = jax.lax.bitcast_convert_type(wide, kdt)
-    # Negative floats order backwards: flip all their bits; positive ones get the sign bit.
-    return jnp.where(raw >= sign, ~raw, raw | sign)
+    # On the bits: XLA:CPU flushes subnormals in float compares and converts.
+    return ordered_bits(x).astype(kdt)
 
 
 def values_from_keys(keys: jax.Array, dtype) -> jax.Array:

@@ -110,8 +110,8 @@ def torchvision_nms(boxes, scores, iou_threshold):
             w = max(F32(0), min(x2[i], x2[j]) - max(x1[i], x1[j]))
             h = max(F32(0), min(y2[i], y2[j]) - max(y1[i], y1[j]))
             inter = w * h
-            with np.errstate(invalid="ignore", divide="ignore"):
-                if inter / (areas[i] + areas[j] - inter) > F32(iou_threshold):
+            with np.errstate(invalid="ignore", divide="ignore"):  # float IoU > double t
+                if float(inter / (areas[i] + areas[j] - inter)) > float(iou_threshold):
                     suppressed[j] = True
     return keep
 

@@ -14,16 +14,37 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+
+__all__ = ["gather"]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     """Rows ``values[slots]`` (shape ``slots.shape + (dim,)``); slot -1 gives ``default_value``.
 
     The VJP w.r.t. ``values`` scatter-adds each row's cotangent into its slot (rows of slot
     -1 send nothing), so ``jax.grad`` of a loss over looked-up rows reaches the table rows;
-    duplicate slots accumulate.
+    duplicate slots accumulate. Only -1 means "absent": other slots outside
+    ``[0, rows)`` raise :class:`~jaxops.errors.OpArgumentError` when ``slots`` is concrete
+    (under ``jit`` they cannot be checked and read as -1).
     """
+    if not isinstance(slots, jax.core.Tracer):
+        _check_slots(np.asarray(slots), values.shape[0])
+    return _gather(values, jnp.asarray(slots), default_value)
+
+
+def _check_slots(slots: np.ndarray, rows: int) -> None:
+    bad = (slots != -1) & ((slots < 0) | (slots >= rows))
+    if bad.any():
+        where = [int(i) for i in np.argwhere(bad)[0]]
+        raise OpArgumentError("gather", "slots", f"slots in [0, {rows}) or -1 (absent)",
+                              f"{slots[tuple(where)].item()} at index {where}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     flat = slots.reshape(-1)
     outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
     rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
@@ -31,7 +52,7 @@ def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> j
 
 
 def _gather_fwd(values, slots, default_value):
-    return gather(values, slots, default_value), (slots, values)  # values: for shape/dtype
+    return _gather(values, slots, default_value), (slots, values)  # values: for shape/dtype
 
 
 def _gather_bwd(default_value, res, cotangent):
@@ -43,4 +64,4 @@ def _gather_bwd(default_value, res, cotangent):
     return grad, None
 
 
-gather.defvjp(_gather_fwd, _gather_bwd)
+_gather.defvjp(_gather_fwd, _gather_bwd)

@@ -31,6 +31,7 @@ dropped: a division-free test ``inter > t * union`` (no faster on the CPU).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,10 @@ from jaxops.capacity import run_with_policy
 from jaxops.core.dtypes import FLOATING, INDEX, INTEGER
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.float_bits import largest_at_most
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
+from jaxops.core.narrowing import check_fits
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, IOU_THRESHOLD, NMS_MODES, SCORE_THRESHOLD,
                                      check_shape, index_datatype, index_dtype)
@@ -220,6 +223,12 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
             backend=rerun_backend or backend)[0]
 
     b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
+    if isinstance(max_output_boxes_per_class, (int, np.integer)) and \
+            max_output_boxes_per_class == 0 and b * c * n:
+        # ONNX's default, kept for conformance; a silent empty result surprises users.
+        warnings.warn("NonMaxSuppression: max_output_boxes_per_class is 0 (ONNX's default), so "
+                      "no box is selected; pass the number of boxes to keep per class.",
+                      UserWarning, stacklevel=2)
     limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
                                                      (int, np.integer)) else n
     return run_with_policy(run, op="NonMaxSuppression", size=size,
@@ -255,12 +264,23 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
       [1, 2]
     """
     _single_class_shapes("nms", boxes, scores)
-    n = boxes.shape[0]
+    n = np.shape(boxes)[0]
+    check_fits("nms", "boxes", boxes)  # before jnp.asarray narrows them
+    check_fits("nms", "scores", scores)
+    boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
     rows = non_max_suppression(
-        jnp.asarray(boxes)[None], jnp.asarray(scores)[None, None],
-        n if max_output_size is None else _limit("nms", max_output_size), iou_threshold,
+        boxes[None], scores[None, None],
+        n if max_output_size is None else _limit("nms", max_output_size),
+        _torchvision_threshold(iou_threshold, compute_dtype(boxes.dtype, scores.dtype)),
         score_threshold, impl_mode=impl_mode, backend=backend)
     return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=INDEX_FILL)
+
+
+def _torchvision_threshold(t, dtype):
+    """torchvision compares its float IoU with a double threshold: in ``dtype`` that is
+    ``IoU > largest_at_most(t)`` (at IoU 0.6f, ``0.6f > 0.6`` holds in double)."""
+    ok = isinstance(t, (int, float, np.floating, np.integer)) and not isinstance(t, bool)
+    return largest_at_most(float(t), dtype) if ok and np.isfinite(t) else t
 
 
 def _limit(op: str, value) -> int:
@@ -310,7 +330,8 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     dtype = compute_dtype(boxes.dtype, scores.dtype)
     scores = scores.astype(dtype)
     order, keep = sorted_nms(decode_boxes(boxes, dtype=dtype), scores,
-                             score_candidates(scores, score_threshold), iou_threshold, limit,
+                             score_candidates(scores, score_threshold),
+                             _torchvision_threshold(iou_threshold, dtype), limit,
                              groups=idxs, exact_ranking=exact_ranking)
     ranks, count = compact_indices(keep, size=limit, fill_value=0)
     kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)

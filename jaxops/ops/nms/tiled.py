@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops.core.float_bits import greater, ordered_bits
 from jaxops.ops.nms.iou import Boxes, suppresses
 
 __all__ = [
@@ -144,8 +145,7 @@ def score_candidates(scores: jax.Array, score_threshold: float | None, *,
     ``inclusive``, TensorRT's filter); every non-NaN score when the threshold is None."""
     if score_threshold is None:
         return ~jnp.isnan(scores)
-    t = jnp.asarray(score_threshold, scores.dtype)
-    return scores >= t if inclusive else scores > t  # NaN compares False: never a candidate
+    return greater(scores, score_threshold, inclusive)  # on the bits; NaN: never
 
 
 _MAX_FAST_ORDER = 1 << 15  # the fast ordering packs a rank and an index into one int32
@@ -167,10 +167,9 @@ def priority_order(scores: jax.Array, valid: jax.Array, exact: bool = True) -> j
     n = scores.shape[-1]
     ids = lax.broadcasted_iota(jnp.int32, scores.shape, scores.ndim - 1)
     if scores.dtype != jnp.float32 or n > _MAX_FAST_ORDER:
-        return lax.sort((~valid, -scores, ids), num_keys=2, is_stable=True)[2]
+        return lax.sort((~valid, ~ordered_bits(scores), ids), num_keys=2, is_stable=True)[2]
     index_bits = max(1, (n - 1).bit_length())
-    bits = lax.bitcast_convert_type(jnp.where(scores == 0, 0.0, scores), jnp.int32)
-    ascending = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)   # int order == float order
+    ascending = lax.bitcast_convert_type(ordered_bits(scores) ^ jnp.uint32(1 << 31), jnp.int32)
     key = jnp.where(valid, ~ascending, jnp.iinfo(jnp.int32).max)   # descending, invalid last
     if exact:
         rank = jnp.vectorize(lambda s, k: jnp.searchsorted(s, k, side="left"),
