@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import key_batch, live_slots, set_rows, slot_leader
+from jaxops.ops.hashtable.batch import group_first, group_sum, is_first, key_batch, live_slots, set_rows
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import EMPTY_WORD, HashTable, Words64, as_words, check_table
@@ -52,10 +52,11 @@ def adam_w_init(table: HashTable, amsgrad: bool = False) -> AdamWState:
     """Zero moments and unit beta powers for ``table``."""
     table = check_table(APPLY_ADAM_W.name, table)
     shape = table.values.shape
-    zeros = jnp.zeros(shape, jnp.float32)
-    one = jnp.ones((), jnp.float32)
-    return AdamWState(zeros, zeros, jnp.zeros(shape if amsgrad else (0, shape[1]), jnp.float32),
-                      one, one, jnp.zeros((), jnp.int32))
+    # Separate buffers (not one zeros array twice): a jitted step may donate the state.
+    zeros = lambda s: jnp.zeros(s, jnp.float32)  # noqa: E731
+    return AdamWState(zeros(shape), zeros(shape), zeros(shape if amsgrad else (0, shape[1])),
+                      jnp.ones((), jnp.float32), jnp.ones((), jnp.float32),
+                      jnp.zeros((), jnp.int32))
 
 
 def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
@@ -105,9 +106,9 @@ def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, l
     batch = key_batch(APPLY_ADAM_W.name, words, size)
     unused = (words.lo == EMPTY_WORD) & (words.hi == EMPTY_WORD)
     slot = live_slots(table, batch, ~unused)
-    leader = slot_leader(slot, size)
-    lead = (slot >= 0) & (leader == jnp.arange(n))
-    g = jnp.zeros_like(grads).at[jnp.where(slot >= 0, leader, n)].add(grads, mode="drop")
+    first = group_first(batch.words, slot >= 0)
+    lead = is_first(first, slot >= 0)
+    g = group_sum(first, slot >= 0, grads)  # the sums sit at the leads, the rows written
     g = -g if maximize else g
     b1p, b2p = state.beta1_power * b1, state.beta2_power * b2
     at = jnp.maximum(slot, 0)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (find_or_place, first_per_slot, key_batch, last_per_slot,
+from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is_last, key_batch,
                                         set_rows)
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
@@ -85,10 +85,11 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
 def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values):
     size = table.bucket_size
     batch = key_batch(IMPORT.name, words, size)
-    slot = find_or_place(table, batch, jnp.ones(words.lo.shape[0], bool))
-
-    lead, last = first_per_slot(slot, size), last_per_slot(slot, size)
-    old = take(table.flags, jnp.maximum(slot, 0))
+    everyone = jnp.ones(words.lo.shape[0], bool)
+    first = group_first(batch.words, everyone)
+    place = find_or_place(table, batch, everyone, first)
+    slot, old = place.slot, place.old_flags
+    lead, last = is_first(first, slot >= 0), is_last(first, slot >= 0)
     revived = (old & EVICTED) != 0
     absent = (old & VALID) == 0
     inserted = jnp.sum(lead & (absent | revived), dtype=jnp.int32)
@@ -97,11 +98,11 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
     flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER),
                       jnp.uint8(VALID | EXPORT))
     table = table.replace(
-        key_lo=set_rows(table.key_lo, slot, batch.words.lo, last),
+        key_lo=set_rows(place.key_lo, slot, batch.words.lo, last),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, last),
         counter_lo=set_rows(table.counter_lo, slot, counters.lo, last),
         counter_hi=set_rows(table.counter_hi, slot, counters.hi, last),
-        flags=set_rows(table.flags, slot, flags, last),
+        flags=set_rows(place.flags, slot, flags, last),
         values=set_rows(table.values, slot, values, last),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
         dropped=table.dropped + unplaced)

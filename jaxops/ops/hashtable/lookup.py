@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (count_per_slot, find_or_place, first_per_slot, key_batch,
-                                        live_slots, set_rows)
+from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
+                                        key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
@@ -177,34 +177,39 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
             skip = is_filter_key
     batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
     valid = ~skip
-    slot = find_or_place(table, batch, valid)
+    first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
+    place = find_or_place(table, batch, valid, first)
+    slot, old_flags = place.slot, place.old_flags
+    placed = slot >= 0
 
     # One writer per slot: the slot's first occurrence, carrying the slot's totals.
-    lead = first_per_slot(slot, size)
+    lead = is_first(first, placed)
     at = jnp.maximum(slot, 0)
-    old_flags = take(table.flags, at)
     fresh = (old_flags & VALID) == 0
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
     before = Words64(take(table.counter_lo, at), take(table.counter_hi, at))
-    after = add_to_words(before, count_per_slot(slot, size))
+    after = add_to_words(before, group_count(first, placed))
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
-    admitted = slot >= 0
+    admitted = placed
     not_admitted = jnp.zeros((), jnp.int32)
     if filter_mode == "counter":
         was_admitted = ((old_flags & FILTER) != 0) & ~fresh
-        refused = _refused_by_counter(slot, before, was_admitted, filter_freq, size)
+        refused = _refused_by_counter(first, placed, before, was_admitted, filter_freq)
         admitted = admitted & ~refused
         not_admitted = jnp.sum(refused, dtype=jnp.int32)
         reached = (after.hi > 0) | (after.lo >= np.uint32(filter_freq))
         flags = jnp.where(was_admitted | reached, flags | jnp.uint8(FILTER), flags)
     inserted = jnp.sum(lead & fresh, dtype=jnp.int32)
     unplaced = jnp.sum(valid & (slot < 0), dtype=jnp.int32)
+    # Only what changes is written: a present key's words (and mostly its flags) stay, and
+    # each skipped write is one random memory access fewer in a table larger than the caches.
+    new_key = lead & (old_flags == 0)
     new_table = table.replace(
-        key_lo=set_rows(table.key_lo, slot, batch.words.lo, lead),
-        key_hi=set_rows(table.key_hi, slot, batch.words.hi, lead),
+        key_lo=set_rows(place.key_lo, slot, batch.words.lo, new_key),
+        key_hi=set_rows(table.key_hi, slot, batch.words.hi, new_key),
         counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
         counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
-        flags=set_rows(table.flags, slot, flags, lead),
+        flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=table.dropped + unplaced)
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
@@ -213,28 +218,28 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
     return new_table, rows, info
 
 
-def _refused_by_counter(slot, before: Words64, was_admitted, filter_freq: int, size: int):
+def _refused_by_counter(first, member, before: Words64, was_admitted, filter_freq: int):
     """Occurrences whose counter, this occurrence included, stays below ``filter_freq``.
 
     Occurrence ``r`` of a slot (1-based, batch order) is refused when ``before + r <
     filter_freq``, i.e. the first ``need - 1`` occurrences with ``need = filter_freq -
     before``. They are peeled off one round per rank (at most ``filter_freq - 1`` rounds,
-    and no more than the largest multiplicity) instead of sorting the batch.
+    and no more than the largest multiplicity) instead of sorting the batch; a group is
+    named by its first member (``first``), so the rounds cost O(batch).
     """
-    n = slot.shape[0]
+    n = first.shape[0]
     idx = jnp.arange(n, dtype=jnp.int32)
     low = (before.hi == 0) & (before.lo < np.uint32(filter_freq)) & ~was_admitted
     need = jnp.where(low, np.int32(filter_freq) - before.lo.astype(jnp.int32), 0)
 
     def peel(state):
         rank, remaining, refused = state
-        where = jnp.where(remaining, slot, size)
-        best = jnp.full(size, _NOBODY).at[where].min(idx, mode="drop")
-        first = remaining & (take(best, jnp.maximum(slot, 0)) == idx)
-        refused = refused | (first & (rank < need))
-        return rank + 1, remaining & ~first & (rank + 1 < need), refused
+        best = jnp.full(n, _NOBODY).at[jnp.where(remaining, first, n)].min(idx, mode="drop")
+        next_up = remaining & (take(best, first) == idx)
+        refused = refused | (next_up & (rank < need))
+        return rank + 1, remaining & ~next_up & (rank + 1 < need), refused
 
-    start = (slot >= 0) & (need > 1)
+    start = member & (need > 1)
     _, _, refused = jax.lax.while_loop(lambda s: jnp.any(s[1]), peel,
                                        (jnp.int32(1), start, jnp.zeros(n, bool)))
     return refused

@@ -53,15 +53,15 @@ def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "c
 def _rehash(old: HashTable, new: HashTable) -> HashTable:
     used = old.flags != 0
     home = home_slot(old.key_lo, old.key_hi, new.bucket_size)
-    slot = place_new_keys(new.flags, home, jnp.zeros_like(home), used)
+    slot, key_lo, flags = place_new_keys(new.key_lo, new.flags, home, jnp.zeros_like(home), used)
     put = functools.partial(set_rows, slot=slot, write=slot >= 0)
     lost = used & (slot < 0)  # only inside jit: eagerly, too small a size raises
     lost_live = lost & ((old.flags & EVICTED) == 0)
     return new.replace(
-        key_lo=put(new.key_lo, rows=old.key_lo), key_hi=put(new.key_hi, rows=old.key_hi),
+        key_lo=put(key_lo, rows=old.key_lo), key_hi=put(new.key_hi, rows=old.key_hi),
         counter_lo=put(new.counter_lo, rows=old.counter_lo),
         counter_hi=put(new.counter_hi, rows=old.counter_hi),
-        flags=put(new.flags, rows=old.flags), values=put(new.values, rows=old.values),
+        flags=put(flags, rows=old.flags), values=put(new.values, rows=old.values),
         live=old.live - jnp.sum(lost_live, dtype=jnp.int32),
         not_exported=old.not_exported - jnp.sum(lost_live & ((old.flags & EXPORT) == 0),
                                                 dtype=jnp.int32),

@@ -177,12 +177,13 @@ class HashTable:
     @classmethod
     def empty(cls, bucket_size: int, embedding_dim: int, values: jax.Array) -> "HashTable":
         """A table with no keys whose slots hold ``values`` (the rows new keys start with)."""
-        full = jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)
-        zero = jnp.zeros((bucket_size,), jnp.uint32)
-        count = jnp.zeros((), jnp.int32)
+        # Every field its own buffer: a jitted step may donate the whole table.
+        full = lambda: jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)  # noqa: E731
+        zero = lambda: jnp.zeros((bucket_size,), jnp.uint32)  # noqa: E731
+        count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
         byte = jnp.zeros((bucket_size,), jnp.uint8)
         values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
-        return cls(full, full, zero, zero, byte, values, count, count, count)
+        return cls(full(), full(), zero(), zero(), byte, values, count(), count(), count())
 
     def __repr__(self) -> str:
         return f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim})"
