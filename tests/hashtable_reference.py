@@ -220,7 +220,7 @@ class RefAdamW:
         self.beta2_power = f32(self.beta2_power * b2)
         summed: dict[int, np.ndarray] = {}
         for k, g in zip((int(k) for k in keys), np.asarray(grads, f32)):
-            s = -1 if k == -1 else table.live_slot(k)
+            s = table.live_slot(k)  # -1 is a key like any other
             if s < 0:
                 self.skipped += 1
                 continue

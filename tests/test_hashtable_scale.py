@@ -3,6 +3,7 @@ table's own (aliased) buffers, and donating a table with its optimizer state wor
 
 import re
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,3 +78,38 @@ def test_table_and_optimizer_state_can_be_donated():
     for _ in range(2):
         table, state, info = step(table, state, _keys())
     assert int(info.unplaced) == 0 and int(table.live) == N + N - N // 3 - 1
+
+
+def test_adam_w_by_slots_equals_by_keys():
+    """slots= from the lookup updates exactly what the keys would (key -1 included: it is a
+    key like any other), and skips slot -1 and slots without a live key, counting them."""
+    rng = np.random.default_rng(0)
+    t = ht.init_table(64, DIM, sampled_values=rng.standard_normal((64, DIM)).astype(np.float32))
+    keys = np.array([5, -1, 9, 5, -1, 30], np.int64)
+    t, _, info = ht.lookup_or_insert(t, keys)
+    t = ht.evict(t, np.array([30], np.int64))
+    grads = jnp.asarray(rng.standard_normal((6, DIM)).astype(np.float32))
+    hyper = dict(lr=0.1, weight_decay=0.01)
+    by_keys = ht.apply_adam_w(t, ht.adam_w_init(t), keys, grads, **hyper)
+    slots = info.slots.at[2].set(-1)  # a slot -1 is skipped too
+    by_slots = ht.apply_adam_w(t, ht.adam_w_init(t), None, grads.at[2].set(0.0), **hyper,
+                               slots=slots)
+    want_table = ht.apply_adam_w(t, ht.adam_w_init(t), keys[[0, 1, 3, 4, 5]],
+                                 grads[jnp.array([0, 1, 3, 4, 5])], **hyper)[0]
+    chex.assert_trees_all_close(by_slots[0].values, want_table.values)
+    assert int(by_keys[1].skipped) == 1 and int(by_slots[1].skipped) == 2  # 30 evicted, slot -1
+    row_of_minus_one = int(info.slots[1])
+    assert not np.allclose(by_keys[0].values[row_of_minus_one], t.values[row_of_minus_one])
+
+
+def test_counters_are_64_bit():
+    """dropped and skipped carry into the high word instead of wrapping at 2**32 (x64 off)."""
+    t = ht.init_table(2, 1, initializer_mode="constant")
+    t = t.replace(dropped=ht.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)))
+    t, _, info = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
+    assert int(info.unplaced) == 3 and int(t.dropped) == 2**32 + 2
+    state = ht.adam_w_init(t)
+    state = state._replace(skipped=ht.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(7)))
+    _, state = ht.apply_adam_w(t, state, np.array([99], np.int64), jnp.ones((1, 1)), lr=0.1,
+                               weight_decay=0.0)
+    assert int(state.skipped) == 8 * 2**32

@@ -22,7 +22,7 @@ from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        as_words, check_table)
+                                        add_to_words, as_counter, as_words, check_table)
 
 
 class ImportInfo(NamedTuple):
@@ -105,5 +105,5 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
         flags=set_rows(place.flags, slot, flags, last),
         values=set_rows(table.values, slot, values, last),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
-        dropped=table.dropped + unplaced)
+        dropped=add_to_words(as_counter(table.dropped), unplaced))
     return table, ImportInfo(slot, inserted, unplaced)

@@ -32,7 +32,7 @@ from jaxops.ops.hashtable.gather import gather
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
-                                        add_to_words, as_words, check_table)
+                                        add_to_words, as_counter, as_words, check_table)
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)
 
@@ -211,7 +211,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
         counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
         flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
-        dropped=table.dropped + unplaced)
+        dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
                       jnp.sum(skip, dtype=jnp.int32))

@@ -21,7 +21,7 @@ from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.probe import place_new_keys
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, HashTable, check_bucket_size,
-                                        check_table)
+                                        add_to_words, as_counter, check_table)
 
 
 def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "constant",
@@ -65,4 +65,4 @@ def _rehash(old: HashTable, new: HashTable) -> HashTable:
         live=old.live - jnp.sum(lost_live, dtype=jnp.int32),
         not_exported=old.not_exported - jnp.sum(lost_live & ((old.flags & EXPORT) == 0),
                                                 dtype=jnp.int32),
-        dropped=old.dropped + jnp.sum(lost, dtype=jnp.int32))
+        dropped=add_to_words(as_counter(old.dropped), jnp.sum(lost, dtype=jnp.int32)))
