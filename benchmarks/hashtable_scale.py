@@ -29,7 +29,8 @@ def _distinct_keys(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def _filled(size: int, keys: np.ndarray, chunk: int = 1 << 16) -> ht.HashTable:
     """A table of ``size`` slots holding ``keys``, inserted in chunks by a donated step."""
-    table = ht.init_table(size, DIM, initializer_mode="constant")
+    table = ht.set_load_policy(ht.init_table(size, DIM, initializer_mode="constant"),
+                               max_load_factor=1.0)
     insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0], donate_argnums=0)
     for lo in range(0, keys.size, chunk):
         table = insert(table, ht.as_words(keys[lo:lo + chunk], "benchmark", "keys"))

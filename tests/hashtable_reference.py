@@ -173,8 +173,8 @@ class RefTable:
     def resize(self, new_values: np.ndarray) -> "RefTable":
         new = RefTable(new_values)
         for s in range(self.size):
-            if not self.flags[s]:
-                continue
+            if not self.flags[s] & VALID or self.flags[s] & EVICTED:
+                continue  # tombstones are not carried over
             kind, t = new.probe(self.keys[s])
             if kind != "empty":
                 new.dropped += 1

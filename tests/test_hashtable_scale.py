@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxops.hashtable as ht
+from jaxops.core.errors import OpArgumentError
 
 SIZE, DIM, N = 100_003, 2, 64  # a size no batch-sized array can have
 
@@ -104,7 +105,7 @@ def test_adam_w_by_slots_equals_by_keys():
 
 def test_counters_are_64_bit():
     """dropped and skipped carry into the high word instead of wrapping at 2**32 (x64 off)."""
-    t = ht.init_table(2, 1, initializer_mode="constant")
+    t = ht.set_load_policy(ht.init_table(2, 1, initializer_mode="constant"), max_load_factor=1.0)
     t = t.replace(dropped=ht.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)))
     t, _, info = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
     assert int(info.unplaced) == 3 and int(t.dropped) == 2**32 + 2
@@ -113,3 +114,58 @@ def test_counters_are_64_bit():
     _, state = ht.apply_adam_w(t, state, np.array([99], np.int64), jnp.ones((1, 1)), lr=0.1,
                                weight_decay=0.0)
     assert int(state.skipped) == 8 * 2**32
+
+
+def _entries(table):
+    """Live entries as {key: (counter, flags, row)} on the host."""
+    from tests.hashtable_reference import table_snapshot
+
+    snap = table_snapshot(table)
+    live = (snap["flags"] & ht.VALID != 0) & (snap["flags"] & ht.EVICTED == 0)
+    return {int(k): (int(c), int(f), tuple(v)) for k, c, f, v in zip(
+        snap["keys"][live], snap["counters"][live], snap["flags"][live], snap["values"][live])}
+
+
+def test_load_limit_error_policy_raises_eagerly_and_reports_in_jit():
+    t = ht.init_table(10, 1, initializer_mode="constant")
+    t, _, _ = ht.lookup_or_insert(t, np.arange(9, dtype=np.int64))  # 9 = 0.9 * 10: allowed
+    with pytest.raises(OpArgumentError,
+                       match=r"EmbeddingHashTableLookupOrInsert: argument 'table'.*at most 9"):
+        ht.lookup_or_insert(t, np.array([100], np.int64))
+    with pytest.raises(OpArgumentError, match=r"EmbeddingHashTableImport: argument 'table'"):
+        ht.import_(t, np.array([100], np.int64), np.array([1], np.uint64), np.ones(1, np.uint8),
+                   np.ones((1, 1), np.float32))
+    assert int(t.live) == 9
+    _, _, info = jax.jit(ht.lookup_or_insert)(t, np.array([3, 100], np.int64))
+    assert bool(info.over_limit) and int(info.inserted) == 1
+    _, _, info = jax.jit(ht.lookup_or_insert)(t, np.array([3], np.int64))
+    assert not bool(info.over_limit)
+
+
+def test_grow_policy_doubles_eagerly_and_keeps_every_entry():
+    t = ht.set_load_policy(ht.init_table(16, 2, initializer_mode="constant"), policy="grow")
+    t, _, _ = ht.lookup_or_insert(t, np.arange(10, dtype=np.int64))
+    t, *_ = ht.export(t)
+    before = _entries(t)
+    t, rows, info = ht.lookup_or_insert(t, np.arange(5, 40, dtype=np.int64))
+    assert t.bucket_size == 64 and t.load_policy == "grow" and int(t.live) == 40
+    assert int(info.unplaced) == 0 and not bool(info.over_limit)
+    after = _entries(t)
+    for k, (c, f, row) in before.items():  # counters (+1 for 5..9), flags, rows kept
+        assert after[k] == (c + (k >= 5), f, row)
+    with pytest.raises(OpArgumentError, match="argument 'policy'"):
+        ht.set_load_policy(t, policy="evict")
+
+
+def test_compact_reclaims_tombstones_keeping_live_entries():
+    t = ht.set_load_policy(ht.init_table(8, 1, initializer_mode="constant"), max_load_factor=1.0)
+    t, _, _ = ht.lookup_or_insert(t, np.arange(8, dtype=np.int64))
+    t = ht.evict(t, np.arange(6, dtype=np.int64))
+    t, *_ = ht.export(t, export_mode="new")
+    t, _, info = ht.lookup_or_insert(t, np.arange(6, 7, dtype=np.int64))  # 6 counted again
+    kept = _entries(t)
+    t = ht.compact(t)
+    chex.assert_trees_all_equal(_entries(t), kept)
+    assert int(jnp.sum(t.flags != 0)) == 2 and int(t.not_exported) == 0
+    t, _, info = ht.lookup_or_insert(t, np.arange(100, 106, dtype=np.int64))
+    assert int(info.unplaced) == 0 and int(t.live) == 8

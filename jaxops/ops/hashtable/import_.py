@@ -19,6 +19,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is_last, key_batch,
                                         set_rows)
+from jaxops.ops.hashtable.load import apply_load_policy
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
@@ -32,11 +33,14 @@ class ImportInfo(NamedTuple):
         slots: int32 ``[N]``: where each entry went, -1 if it found no free slot.
         inserted: int32: keys new to the table (a revived tombstone counts).
         unplaced: int32: entries lost to a full table (also added to ``table.dropped``).
+        over_limit: bool: the call left more than ``table.max_live`` live keys (inside
+            ``jit``; eagerly the table's load policy acts instead).
     """
 
     slots: jax.Array
     inserted: jax.Array
     unplaced: jax.Array
+    over_limit: jax.Array
 
 
 def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, values: Any
@@ -76,8 +80,8 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
         raise OpArgumentError(op, "values", f"[{n}, {table.embedding_dim}] float32 rows",
                               f"shape {tuple(rows.shape)}")
     flat = lambda w: Words64(w.lo.reshape(-1), w.hi.reshape(-1))  # noqa: E731
-    return IMPORT(table, flat(words), flat(count_words), flags,
-                  rows.reshape(n, table.embedding_dim))
+    args = (flat(words), flat(count_words), flags, rows.reshape(n, table.embedding_dim))
+    return apply_load_policy(op, table, IMPORT(table, *args), lambda grown: IMPORT(grown, *args))
 
 
 @IMPORT.kernel("xla")
@@ -106,4 +110,4 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
         values=set_rows(table.values, slot, values, last),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
-    return table, ImportInfo(slot, inserted, unplaced)
+    return table, ImportInfo(slot, inserted, unplaced, table.live > table.max_live)

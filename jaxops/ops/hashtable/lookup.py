@@ -29,6 +29,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
                                         key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.load import apply_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
@@ -49,6 +50,8 @@ class LookupInfo(NamedTuple):
         unplaced: int32: keys (occurrences) that found no free slot — lost to a full table.
         not_admitted: int32: occurrences refused by counter filtering.
         filtered: int32: occurrences equal to ``filter_key`` given ``default_value``.
+        over_limit: bool: the call left more than ``table.max_live`` live keys (only seen
+            inside ``jit``: eagerly the table's load policy acts instead).
     """
 
     slots: jax.Array
@@ -57,6 +60,7 @@ class LookupInfo(NamedTuple):
     unplaced: jax.Array
     not_admitted: jax.Array
     filtered: jax.Array
+    over_limit: jax.Array
 
 
 def locate(table: HashTable, keys: Any) -> jax.Array:
@@ -130,17 +134,23 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
         ``(table, values, info)``: the new table, float32 ``keys.shape + (dim,)`` rows
         (differentiable w.r.t. ``table.values``) and a :class:`LookupInfo`. Keys that find
         no free slot get ``default_value``, are counted in ``info.unplaced`` and in
-        ``table.dropped`` — never dropped silently.
+        ``table.dropped`` — never dropped silently. A call that would leave more than
+        ``table.max_live`` live keys applies the table's load policy
+        (:mod:`~jaxops.ops.hashtable.load`: raise, or grow the table, eagerly; inside
+        ``jit`` ``info.over_limit``).
     """
     op = LOOKUP_OR_INSERT.name
     table = check_table(op, table)
     if not 0 <= int(filter_freq) < 2**31:
         raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
     words = as_words(keys, op, "keys")
-    new_table, rows, info = LOOKUP_OR_INSERT(
-        table, words, filter_mode=filter_mode, filter_freq=filter_freq,
-        default_key_or_value=default_key_or_value, default_key=default_key,
-        default_value=default_value, filter_key_flag=filter_key_flag, filter_key=filter_key)
+    attrs = dict(filter_mode=filter_mode, filter_freq=filter_freq,
+                 default_key_or_value=default_key_or_value, default_key=default_key,
+                 default_value=default_value, filter_key_flag=filter_key_flag,
+                 filter_key=filter_key)
+    new_table, rows, info = apply_load_policy(
+        op, table, LOOKUP_OR_INSERT(table, words, **attrs),
+        lambda grown: LOOKUP_OR_INSERT(grown, words, **attrs))
     shape = words.shape
     return (new_table, rows.reshape(*shape, table.embedding_dim),
             info._replace(slots=info.slots.reshape(shape), admitted=info.admitted.reshape(shape)))
@@ -214,7 +224,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
-                      jnp.sum(skip, dtype=jnp.int32))
+                      jnp.sum(skip, dtype=jnp.int32), new_table.live > table.max_live)
     return new_table, rows, info
 
 

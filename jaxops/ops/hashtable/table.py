@@ -124,7 +124,7 @@ def add_to_words(words: Words64, amount: jax.Array) -> Words64:
 class Counter64(Words64):
     """A uint64 scalar counter as its two words; ``int(c)`` reads it on the host.
 
-    >>> int(Counter64.zero()), int(add_to_words(Counter64.zero(), 2**32 - 1))
+    >>> int(Counter64.zero()), int(add_to_words(Counter64.zero(), np.uint32(2**32 - 1)))
     (0, 4294967295)
     """
 
@@ -168,6 +168,8 @@ class HashTable:
         not_exported: int32 scalar, live keys never exported (CANN handle word 4).
         dropped: :class:`Counter64` (uint64), insertions so far that found no free slot
             (not in CANN); ``int(table.dropped)`` reads it.
+        max_load_factor, load_policy: static; the most live keys an insert may leave, as a
+            fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
     """
 
     key_lo: jax.Array
@@ -179,6 +181,9 @@ class HashTable:
     live: jax.Array
     not_exported: jax.Array
     dropped: Counter64
+    # Static (part of the pytree's structure): see jaxops.ops.hashtable.load. Not in CANN.
+    max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
+    load_policy: str = dataclasses.field(default="error", metadata={"static": True})
 
     @property
     def bucket_size(self) -> int:
@@ -195,6 +200,11 @@ class HashTable:
     @property
     def counters(self) -> Words64:
         return Words64(self.counter_lo, self.counter_hi)
+
+    @property
+    def max_live(self) -> int:
+        """The most live keys an insert may leave (``max_load_factor * bucket_size``)."""
+        return int(self.max_load_factor * self.bucket_size)
 
     def replace(self, **changes) -> "HashTable":
         """A copy with some fields replaced (e.g. ``values`` to differentiate through)."""
