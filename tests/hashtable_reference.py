@@ -173,8 +173,8 @@ class RefTable:
     def resize(self, new_values: np.ndarray) -> "RefTable":
         new = RefTable(new_values)
         for s in range(self.size):
-            if not self.flags[s]:
-                continue
+            if not self.flags[s] & VALID or self.flags[s] & EVICTED:
+                continue  # tombstones are not carried over
             kind, t = new.probe(self.keys[s])
             if kind != "empty":
                 new.dropped += 1
@@ -220,7 +220,7 @@ class RefAdamW:
         self.beta2_power = f32(self.beta2_power * b2)
         summed: dict[int, np.ndarray] = {}
         for k, g in zip((int(k) for k in keys), np.asarray(grads, f32)):
-            s = -1 if k == -1 else table.live_slot(k)
+            s = table.live_slot(k)  # -1 is a key like any other
             if s < 0:
                 self.skipped += 1
                 continue

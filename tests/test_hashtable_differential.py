@@ -36,6 +36,7 @@ def _run_sequence(seed: int, steps: int):
     universe = _universe(rng)
     init_values = rng.standard_normal((SIZE, DIM)).astype(np.float32)
     table = ht.init_table(SIZE, DIM, sampled_values=init_values)
+    table = ht.set_load_policy(table, max_load_factor=1.0)  # fills up: unplaced keys counted
     ref = RefTable(init_values)
     state, ref_state = ht.adam_w_init(table), RefAdamW(ref)
     touched_by_float_math = False
@@ -113,6 +114,7 @@ def test_batches_into_a_nearly_full_table(size, load):
     rng = np.random.default_rng(size)
     init = rng.standard_normal((size, 2)).astype(np.float32)
     table, ref = ht.init_table(size, 2, sampled_values=init), RefTable(init)
+    table = ht.set_load_policy(table, max_load_factor=1.0)
     for _ in range(3):
         keys = rng.integers(-50, 50, int(size * load / 3) + 1).astype(np.int64)
         table, rows, info = ht.lookup_or_insert(table, keys)

@@ -58,7 +58,7 @@ def test_counters_carry_into_the_high_word():
 
 
 def test_full_table_is_reported_never_silent():
-    t = _table(size=4, value=3.0)
+    t = ht.set_load_policy(_table(size=4, value=3.0), max_load_factor=1.0)
     t, rows, info = ht.lookup_or_insert(t, K(1, 2, 3, 4, 5, 6, 5), default_value=-1.0)
     assert int(info.inserted) == 4 and int(info.unplaced) == 3 and int(t.dropped) == 3
     chex.assert_trees_all_equal(np.asarray(info.slots >= 0), np.array([1, 1, 1, 1, 0, 0, 0], bool))
@@ -210,7 +210,10 @@ def test_resize_matches_reference_and_checks_capacity():
     with pytest.raises(OpArgumentError, match="resize: argument 'new_bucket_size'"):
         ht.resize(t, 5)
     small = jax.jit(lambda t: ht.resize(t, 5))(t)  # inside jit: counted, not lost silently
-    assert int(small.dropped) == int(jnp.sum(t.flags != 0)) - 5
+    assert int(small.dropped) == int(t.live) - 5
+    # Tombstones are not carried over: a table shrinks to exactly its live keys.
+    tight = ht.resize(t, int(t.live))
+    assert int(jnp.sum(tight.flags != 0)) == int(t.live) < int(jnp.sum(t.flags != 0))
 
 
 @pytest.mark.parametrize("call,match", [

@@ -9,6 +9,7 @@ epoch an incremental (``export_mode="new"``) export takes the rows never exporte
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -47,18 +48,22 @@ def _bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.logaddexp(0.0, logits) - labels * logits)
 
 
-@jax.jit
+# The table and its optimizer state are donated: the step then updates them in place.
+# Without donation XLA copies every table-sized buffer on each step (17x slower, measured
+# at 2^22 slots: 86.9 vs 5.2 ms a step).
+@functools.partial(jax.jit, donate_argnums=(0, 1))
 def train_step(table: ht.HashTable, opt: ht.AdamWState, keys: ht.Words64, labels: jax.Array):
-    """lookup_or_insert the batch's user+item ids, grad w.r.t. their rows, in-table AdamW."""
-    table, rows, _ = ht.lookup_or_insert(table, keys)
+    """lookup_or_insert the batch's user+item ids, grad w.r.t. their rows, in-table AdamW
+    on the slots the lookup returned (one probe of the table per step)."""
+    table, rows, info = ht.lookup_or_insert(table, keys)
     users, items = jnp.split(rows, 2)
 
     def loss_fn(users, items):
         return _bce(jnp.sum(users * items, axis=-1), labels)
 
     loss, (gu, gi) = jax.value_and_grad(loss_fn, argnums=(0, 1))(users, items)
-    table, opt = ht.apply_adam_w(table, opt, keys, jnp.concatenate([gu, gi]), lr=0.05,
-                                 weight_decay=1e-4)
+    table, opt = ht.apply_adam_w(table, opt, None, jnp.concatenate([gu, gi]), lr=0.05,
+                                 weight_decay=1e-4, slots=info.slots)
     return table, opt, loss
 
 

@@ -17,18 +17,21 @@ from jaxops.ops.hashtable.export import export
 from jaxops.ops.hashtable.export_chunks import ExportChunk, export_chunks
 from jaxops.ops.hashtable.gather import gather
 from jaxops.ops.hashtable.import_ import ImportInfo, import_
+from jaxops.ops.hashtable.load import LOAD_POLICIES, set_load_policy
 from jaxops.ops.hashtable.lookup import LookupInfo, find, locate, lookup, lookup_or_insert
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
-from jaxops.ops.hashtable.resize import resize
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        as_words, join_words, to_host_int64)
+from jaxops.ops.hashtable.resize import compact, resize
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, Counter64, HashTable,
+                                        Words64, as_words, join_words, to_host_int64)
 
 from jaxops.hashtable import optim  # noqa: E402,F401  (jaxops.hashtable.optim, row optimizers)
 
 __all__ = [
-    "EVICTED", "EXPORT", "FILTER", "VALID", "AdamWState", "CheckpointError", "ExportChunk",
-    "HashTable", "ImportInfo", "LookupInfo", "Words64", "adam_w_init", "apply_adam_w", "as_words",
-    "evict", "export", "export_chunks", "find", "from_cann_bytes", "gather", "handle_counters",
-    "home_slot", "import_", "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
-    "murmur3_x86_32", "resize", "row_bytes", "save", "to_cann_bytes", "to_host_int64",
+    "AdamWState", "CheckpointError", "Counter64", "EVICTED", "EXPORT", "ExportChunk", "FILTER",
+    "HashTable", "ImportInfo", "LOAD_POLICIES", "LookupInfo", "VALID", "Words64",
+    "adam_w_init", "apply_adam_w", "as_words", "compact", "evict", "export", "export_chunks",
+    "find", "from_cann_bytes", "gather", "handle_counters", "home_slot", "import_",
+    "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
+    "murmur3_x86_32", "optim", "resize", "row_bytes", "save", "set_load_policy",
+    "to_cann_bytes", "to_host_int64",
 ]

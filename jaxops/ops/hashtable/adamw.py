@@ -9,9 +9,10 @@ call, so a row updated at every step follows ``optax.adamw`` exactly (up to roun
 >>> t = ht.init_table(8, 2, initializer_mode="constant", constant_value=1.0)
 >>> t, _, _ = ht.lookup_or_insert(t, np.array([5], np.int64))
 >>> state = ht.adam_w_init(t)
->>> t, state = ht.apply_adam_w(t, state, np.array([5, -1], np.int64), jnp.ones((2, 2)),
+>>> t, state = ht.apply_adam_w(t, state, np.array([5, 6], np.int64), jnp.ones((2, 2)),
 ...                            lr=0.1, weight_decay=0.0)
->>> round(float(ht.find(t, np.array([5], np.int64))[0][0, 0]), 4), int(state.skipped)
+>>> row = ht.find(t, np.array([5], np.int64))[0]
+>>> round(float(row[0, 0]), 4), int(state.skipped)
 (0.9, 1)
 """
 
@@ -23,11 +24,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import key_batch, live_slots, set_rows, slot_leader
+from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.ops.hashtable.batch import (group_first, group_sum, is_first, key_batch, live_slots,
+                                        set_rows, slot_words)
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
 from jaxops.ops.hashtable.probe import take
-from jaxops.ops.hashtable.table import EMPTY_WORD, HashTable, Words64, as_words, check_table
+from jaxops.ops.hashtable.table import (EVICTED, VALID, HashTable, Words64, add_to_words, as_words,
+                                        Counter64, check_table)
 
 
 class AdamWState(NamedTuple):
@@ -37,7 +40,8 @@ class AdamWState(NamedTuple):
         m, v: float32 ``[bucket_size, dim]`` first and second moments, per slot.
         max_v: float32 ``[bucket_size, dim]`` running max of ``v`` (amsgrad), else ``[0, dim]``.
         beta1_power, beta2_power: float32 scalars, ``beta ** steps``.
-        skipped: int32, keys skipped so far (key -1, absent or evicted keys).
+        skipped: :class:`~jaxops.ops.hashtable.table.Counter64` (uint64): keys skipped so
+            far (absent or evicted keys); ``int(state.skipped)`` reads it.
     """
 
     m: jax.Array
@@ -45,43 +49,59 @@ class AdamWState(NamedTuple):
     max_v: jax.Array
     beta1_power: jax.Array
     beta2_power: jax.Array
-    skipped: jax.Array
+    skipped: Counter64
 
 
 def adam_w_init(table: HashTable, amsgrad: bool = False) -> AdamWState:
     """Zero moments and unit beta powers for ``table``."""
     table = check_table(APPLY_ADAM_W.name, table)
     shape = table.values.shape
-    zeros = jnp.zeros(shape, jnp.float32)
-    one = jnp.ones((), jnp.float32)
-    return AdamWState(zeros, zeros, jnp.zeros(shape if amsgrad else (0, shape[1]), jnp.float32),
-                      one, one, jnp.zeros((), jnp.int32))
+    # Separate buffers (not one zeros array twice): a jitted step may donate the state.
+    zeros = lambda s: jnp.zeros(s, jnp.float32)  # noqa: E731
+    return AdamWState(zeros(shape), zeros(shape), zeros(shape if amsgrad else (0, shape[1])),
+                      jnp.ones((), jnp.float32), jnp.ones((), jnp.float32),
+                      Counter64.zero())
 
 
 def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
                  weight_decay, beta1=0.9, beta2=0.999, epsilon=1e-8, amsgrad: bool = False,
-                 maximize: bool = False) -> tuple[HashTable, AdamWState]:
-    """One AdamW step on the rows of ``keys``.
+                 maximize: bool = False, slots: jax.Array | None = None
+                 ) -> tuple[HashTable, AdamWState]:
+    """One AdamW step on the rows of ``keys`` (or of ``slots``).
 
-    Gradients of duplicate keys are summed first; keys equal to -1 (CANN's unused key),
-    absent keys and tombstones are skipped and counted in ``state.skipped``. The scalars may
-    be traced (schedules inside ``lax.scan``).
+    Gradients of duplicate keys are summed first; absent keys and tombstones are skipped and
+    counted in ``state.skipped``. The key -1 is a key like any other (beyond CANN, whose
+    kernel skips -1 as its "unused" key: here every operation treats -1 alike, so a row
+    that :func:`lookup_or_insert` returned for -1 is also trained). The scalars may be
+    traced (schedules inside ``lax.scan``).
 
     Args:
         table: the table.
         state: from :func:`adam_w_init` (with ``amsgrad`` matching).
-        keys: int64 keys ``[N]`` in any accepted form.
+        keys: int64 keys ``[N]`` in any accepted form; ``None`` when ``slots`` are given.
         grads: float32 ``[N, embedding_dim]``.
         lr, weight_decay, beta1, beta2, epsilon: AdamW hyper-parameters.
         amsgrad: use the running max of ``v`` (PyTorch's AMSGrad, as CANN).
         maximize: ascend instead of descend.
+        slots: int32 ``[N]`` slots instead of keys, e.g. ``info.slots`` of the
+            :func:`lookup_or_insert` that read the rows (a training step then probes the
+            table once). Slot -1 and slots not holding a live key are skipped and counted.
 
     Returns:
         ``(table, state)``.
     """
     op = APPLY_ADAM_W.name
     table = check_table(op, table)
-    words = as_words(keys, op, "keys")
+    if slots is not None:
+        slots = jnp.asarray(slots)
+        if not jnp.issubdtype(slots.dtype, jnp.integer):
+            raise OpDTypeError(op, "slots", "int32 slots (LookupInfo.slots)", str(slots.dtype))
+        slots = slots.reshape(-1).astype(jnp.int32)
+        words = slot_words(slots)  # a placeholder: the kernel reads the slots
+    elif keys is None:
+        raise OpArgumentError(op, "keys", "int64 keys, or slots=", "None")
+    else:
+        words = as_words(keys, op, "keys")
     n = int(words.lo.size)
     grads = jnp.asarray(grads, jnp.float32)
     if grads.size != n * table.embedding_dim:
@@ -92,22 +112,29 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
                               "a state without max_v", "Create the state with amsgrad=True.")
     flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
     return APPLY_ADAM_W(table, state, flat, grads.reshape(n, table.embedding_dim), lr,
-                        weight_decay, beta1, beta2, epsilon, amsgrad=amsgrad, maximize=maximize)
+                        weight_decay, beta1, beta2, epsilon, slots, amsgrad=amsgrad,
+                        maximize=maximize)
 
 
 @APPLY_ADAM_W.kernel("xla")
 @functools.partial(jax.jit, static_argnames=("amsgrad", "maximize"))
 def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, lr, weight_decay,
-                   beta1, beta2, epsilon, *, amsgrad, maximize):
+                   beta1, beta2, epsilon, slots=None, *, amsgrad, maximize):
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     lr, wd, b1, b2, eps = map(f32, (lr, weight_decay, beta1, beta2, epsilon))
-    size, n = table.bucket_size, grads.shape[0]
-    batch = key_batch(APPLY_ADAM_W.name, words, size)
-    unused = (words.lo == EMPTY_WORD) & (words.hi == EMPTY_WORD)
-    slot = live_slots(table, batch, ~unused)
-    leader = slot_leader(slot, size)
-    lead = (slot >= 0) & (leader == jnp.arange(n))
-    g = jnp.zeros_like(grads).at[jnp.where(slot >= 0, leader, n)].add(grads, mode="drop")
+    size = table.bucket_size
+    if slots is None:
+        batch = key_batch(APPLY_ADAM_W.name, words, size)
+        slot = live_slots(table, batch)
+        group = batch.words
+    else:
+        inside = (slots >= 0) & (slots < size)
+        flag = take(table.flags, jnp.where(inside, slots, 0))
+        slot = jnp.where(inside & ((flag & VALID) != 0) & ((flag & EVICTED) == 0), slots, -1)
+        group = slot_words(slot)
+    first = group_first(group, slot >= 0)
+    lead = is_first(first, slot >= 0)
+    g = group_sum(first, slot >= 0, grads)  # the sums sit at the leads, the rows written
     g = -g if maximize else g
     b1p, b2p = state.beta1_power * b1, state.beta2_power * b2
     at = jnp.maximum(slot, 0)
@@ -120,5 +147,5 @@ def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, l
     w = w + (lr * m / (b1p + -1)) / denom
     new_state = AdamWState(set_rows(state.m, slot, m, lead), set_rows(state.v, slot, v, lead),
                            set_rows(state.max_v, slot, max_v, lead) if amsgrad else state.max_v,
-                           b1p, b2p, state.skipped + jnp.sum(slot < 0, dtype=jnp.int32))
+                           b1p, b2p, add_to_words(state.skipped, jnp.sum(slot < 0, dtype=jnp.int32)))
     return table.replace(values=set_rows(table.values, slot, w, lead)), new_state

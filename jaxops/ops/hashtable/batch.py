@@ -1,9 +1,16 @@
-"""Pieces every batched table operation shares: key batches and per-slot grouping.
+"""Pieces every batched table operation shares: key batches and grouping of a batch.
+
+Duplicates in a batch are grouped by the batch alone (each entry learns the index of the
+first entry of its group), never with a scratch array of the table's size: a call costs
+O(batch) whatever the table holds.
 
 >>> import jax.numpy as jnp
 >>> slot = jnp.array([4, -1, 4, 2], jnp.int32)
->>> first_per_slot(slot, 8).tolist(), last_per_slot(slot, 8).tolist()
+>>> first = group_first(slot_words(slot), slot >= 0)
+>>> is_first(first, slot >= 0).tolist(), is_last(first, slot >= 0).tolist()
 ([True, False, False, True], [False, False, True, True])
+>>> group_count(first, slot >= 0).tolist()
+[2, 0, 2, 1]
 """
 
 from __future__ import annotations
@@ -17,8 +24,6 @@ import numpy as np
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.probe import find_slots, first_occurrences, place_new_keys, take
 from jaxops.ops.hashtable.table import EVICTED, HashTable, Words64, as_words
-
-_NOBODY = np.int32(np.iinfo(np.int32).max)
 
 
 class KeyBatch(NamedTuple):
@@ -53,47 +58,76 @@ def live_slots_and_flags(table: HashTable, batch: KeyBatch, active: jax.Array | 
     return jnp.where(live, slot, -1), jnp.where(live, flags, jnp.uint8(0))
 
 
-def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array) -> jax.Array:
+class Placement(NamedTuple):
+    """Where :func:`find_or_place` put a batch, and the table arrays it used as scratch.
+
+    Attributes:
+        slot: int32 ``[N]``: each key's slot (tombstones included), -1 where it has none.
+        old_flags: uint8 ``[N]``: the flags the slot had before (0 for a placed key).
+        key_lo, flags: the table's arrays with placement scratch in every newly placed slot
+            (see :func:`~jaxops.ops.hashtable.probe.place_new_keys`): write the placed keys'
+            words and flags into these, never into the table's originals (that would cost
+            XLA a full copy of each).
+    """
+
+    slot: jax.Array
+    old_flags: jax.Array
+    key_lo: jax.Array
+    flags: jax.Array
+
+
+def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: jax.Array
+                  ) -> Placement:
     """The slot of each active key: where it is (tombstones included), else where it is
     inserted — absent keys in order of first occurrence; -1 where the table is full.
 
+    ``first`` is :func:`first_occurrences` of the batch over (at least) the active keys.
     Only slots are decided; writing the keys into them is the caller's job.
     """
     size, n = table.bucket_size, batch.home.shape[0]
-    found, dist, _ = find_slots(table, batch.words, active)
+    found, dist, found_flags = find_slots(table, batch.words, active)
     new = active & (found < 0) & (dist < size)
-    first = first_occurrences(batch.words, new)
-    placed = place_new_keys(table.flags, batch.home, dist,
-                            new & (first == jnp.arange(n, dtype=jnp.int32)))
-    return jnp.where(found >= 0, found, jnp.where(new, take(placed, first), -1))
+    placed, key_lo, flags = place_new_keys(table.key_lo, table.flags, batch.home, dist,
+                                           new & (first == jnp.arange(n, dtype=jnp.int32)))
+    slot = jnp.where(found >= 0, found, jnp.where(new, take(placed, first), -1))
+    return Placement(slot, jnp.where(found >= 0, found_flags, jnp.uint8(0)), key_lo, flags)
 
 
-def first_per_slot(slot: jax.Array, bucket_size: int) -> jax.Array:
-    """True at the first batch entry of each slot (entries with slot -1 are never first)."""
-    return (slot >= 0) & (slot_leader(slot, bucket_size) == jnp.arange(slot.shape[0]))
+def group_first(words: Words64, member: jax.Array) -> jax.Array:
+    """For each member, the index of the first member with the same key (int32 ``[N]``);
+    non-members get their own index. O(batch): no array of the table's size."""
+    return first_occurrences(words, member)
 
 
-def slot_leader(slot: jax.Array, bucket_size: int) -> jax.Array:
-    """For each entry, the index of the first entry with the same slot (itself for -1)."""
-    idx = jnp.arange(slot.shape[0], dtype=jnp.int32)
-    where = jnp.where(slot >= 0, slot, bucket_size)
-    best = jnp.full(bucket_size, _NOBODY).at[where].min(idx, mode="drop")
-    return jnp.where(slot >= 0, take(best, jnp.maximum(slot, 0)), idx)
+def is_first(first: jax.Array, member: jax.Array) -> jax.Array:
+    """True at the first member of each group."""
+    return member & (first == jnp.arange(first.shape[0], dtype=jnp.int32))
 
 
-def last_per_slot(slot: jax.Array, bucket_size: int) -> jax.Array:
-    """True at the last batch entry of each slot (entries with slot -1 are never last)."""
-    idx = jnp.arange(slot.shape[0], dtype=jnp.int32)
-    where = jnp.where(slot >= 0, slot, bucket_size)
-    best = jnp.full(bucket_size, -1, jnp.int32).at[where].max(idx, mode="drop")
-    return (slot >= 0) & (take(best, jnp.maximum(slot, 0)) == idx)
+def is_last(first: jax.Array, member: jax.Array) -> jax.Array:
+    """True at the last member of each group."""
+    n = first.shape[0]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    last = jnp.full(n, -1, jnp.int32).at[jnp.where(member, first, n)].max(idx, mode="drop")
+    return member & (take(last, first) == idx)
 
 
-def count_per_slot(slot: jax.Array, bucket_size: int) -> jax.Array:
-    """For each entry, how many batch entries share its slot (0 for slot -1)."""
-    where = jnp.where(slot >= 0, slot, bucket_size)
-    counts = jnp.zeros(bucket_size, jnp.int32).at[where].add(1, mode="drop")
-    return jnp.where(slot >= 0, take(counts, jnp.maximum(slot, 0)), 0)
+def group_count(first: jax.Array, member: jax.Array) -> jax.Array:
+    """For each member, the size of its group (0 for non-members)."""
+    n = first.shape[0]
+    counts = jnp.zeros(n, jnp.int32).at[jnp.where(member, first, n)].add(1, mode="drop")
+    return jnp.where(member, take(counts, first), 0)
+
+
+def group_sum(first: jax.Array, member: jax.Array, rows: jax.Array) -> jax.Array:
+    """Rows summed per group, found at each group's first member (``[N, ...]``)."""
+    n = first.shape[0]
+    return jnp.zeros_like(rows).at[jnp.where(member, first, n)].add(rows, mode="drop")
+
+
+def slot_words(slot: jax.Array) -> Words64:
+    """Slots as 64-bit words, to group entries by slot with :func:`group_first`."""
+    return Words64(slot.astype(jnp.uint32), jnp.zeros(slot.shape, jnp.uint32))
 
 
 def set_rows(a: jax.Array, slot: jax.Array, rows: jax.Array, write: jax.Array) -> jax.Array:

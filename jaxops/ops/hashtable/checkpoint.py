@@ -138,7 +138,7 @@ def _read_header(f, where: str) -> tuple[int, int, dict]:
 _INT32_MAX = 2**31 - 1
 _HEADER_INTS = {"bucket_size": (1, MAX_BUCKET_SIZE), "embedding_dim": (1, _INT32_MAX),
                 "live": (0, MAX_BUCKET_SIZE), "not_exported": (0, MAX_BUCKET_SIZE),
-                "dropped": (0, _INT32_MAX), "payload_bytes": (0, 2**63 - 1)}
+                "dropped": (0, 2**64 - 1), "payload_bytes": (0, 2**63 - 1)}
 
 
 def _check_header(header, where: str) -> None:

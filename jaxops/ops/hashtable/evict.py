@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import first_per_slot, key_batch, live_slots_and_flags, set_rows
+from jaxops.ops.hashtable.batch import (group_first, is_first, key_batch, live_slots_and_flags,
+                                        set_rows)
 from jaxops.ops.hashtable.opdefs import EVICT
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, HashTable, Words64, as_words, check_table
 
@@ -66,7 +67,7 @@ def _evict_kernel(table: HashTable, words: Words64, sampled_values, *, init_mode
     size = table.bucket_size
     batch = key_batch(EVICT.name, words, size)
     slot, old = live_slots_and_flags(table, batch)
-    lead = first_per_slot(slot, size)  # repeats of a key see it evicted already
+    lead = is_first(group_first(batch.words, slot >= 0), slot >= 0)  # repeats see a tombstone
     rows = sampled_values if init_mode == "random" else \
         jnp.full((slot.shape[0], table.embedding_dim), const_val, jnp.float32)
     zero = jnp.zeros_like(batch.words.lo)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.table import HashTable, as_counter
 
 __all__ = ["CHUNK_BYTES", "HostRows", "TableWriter", "chunk_slots_for", "iter_host_chunks"]
 
@@ -103,4 +103,4 @@ class TableWriter:
     def finish(self, *, live: int, not_exported: int, dropped: int) -> HashTable:
         """The finished table with its counts (the writer must not be used after)."""
         fields, self._fields = self._fields, None
-        return HashTable(*fields, jnp.int32(live), jnp.int32(not_exported), jnp.int32(dropped))
+        return HashTable(*fields, jnp.int32(live), jnp.int32(not_exported), as_counter(dropped))

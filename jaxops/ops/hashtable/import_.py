@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (find_or_place, first_per_slot, key_batch, last_per_slot,
+from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is_last, key_batch,
                                         set_rows)
+from jaxops.ops.hashtable.load import apply_load_policy
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        as_words, check_table)
+                                        add_to_words, as_counter, as_words, check_table)
 
 
 class ImportInfo(NamedTuple):
@@ -32,11 +33,14 @@ class ImportInfo(NamedTuple):
         slots: int32 ``[N]``: where each entry went, -1 if it found no free slot.
         inserted: int32: keys new to the table (a revived tombstone counts).
         unplaced: int32: entries lost to a full table (also added to ``table.dropped``).
+        over_limit: bool: the call left more than ``table.max_live`` live keys (inside
+            ``jit``; eagerly the table's load policy acts instead).
     """
 
     slots: jax.Array
     inserted: jax.Array
     unplaced: jax.Array
+    over_limit: jax.Array
 
 
 def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, values: Any
@@ -76,8 +80,8 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
         raise OpArgumentError(op, "values", f"[{n}, {table.embedding_dim}] float32 rows",
                               f"shape {tuple(rows.shape)}")
     flat = lambda w: Words64(w.lo.reshape(-1), w.hi.reshape(-1))  # noqa: E731
-    return IMPORT(table, flat(words), flat(count_words), flags,
-                  rows.reshape(n, table.embedding_dim))
+    args = (flat(words), flat(count_words), flags, rows.reshape(n, table.embedding_dim))
+    return apply_load_policy(op, table, IMPORT(table, *args), lambda grown: IMPORT(grown, *args))
 
 
 @IMPORT.kernel("xla")
@@ -85,10 +89,11 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
 def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values):
     size = table.bucket_size
     batch = key_batch(IMPORT.name, words, size)
-    slot = find_or_place(table, batch, jnp.ones(words.lo.shape[0], bool))
-
-    lead, last = first_per_slot(slot, size), last_per_slot(slot, size)
-    old = take(table.flags, jnp.maximum(slot, 0))
+    everyone = jnp.ones(words.lo.shape[0], bool)
+    first = group_first(batch.words, everyone)
+    place = find_or_place(table, batch, everyone, first)
+    slot, old = place.slot, place.old_flags
+    lead, last = is_first(first, slot >= 0), is_last(first, slot >= 0)
     revived = (old & EVICTED) != 0
     absent = (old & VALID) == 0
     inserted = jnp.sum(lead & (absent | revived), dtype=jnp.int32)
@@ -97,12 +102,12 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
     flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER),
                       jnp.uint8(VALID | EXPORT))
     table = table.replace(
-        key_lo=set_rows(table.key_lo, slot, batch.words.lo, last),
+        key_lo=set_rows(place.key_lo, slot, batch.words.lo, last),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, last),
         counter_lo=set_rows(table.counter_lo, slot, counters.lo, last),
         counter_hi=set_rows(table.counter_hi, slot, counters.hi, last),
-        flags=set_rows(table.flags, slot, flags, last),
+        flags=set_rows(place.flags, slot, flags, last),
         values=set_rows(table.values, slot, values, last),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
-        dropped=table.dropped + unplaced)
-    return table, ImportInfo(slot, inserted, unplaced)
+        dropped=add_to_words(as_counter(table.dropped), unplaced))
+    return table, ImportInfo(slot, inserted, unplaced, table.live > table.max_live)

@@ -26,13 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (count_per_slot, find_or_place, first_per_slot, key_batch,
-                                        live_slots, set_rows)
+from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
+                                        key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.load import apply_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
-                                        add_to_words, as_words, check_table)
+                                        add_to_words, as_counter, as_words, check_table)
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)
 
@@ -49,6 +50,8 @@ class LookupInfo(NamedTuple):
         unplaced: int32: keys (occurrences) that found no free slot — lost to a full table.
         not_admitted: int32: occurrences refused by counter filtering.
         filtered: int32: occurrences equal to ``filter_key`` given ``default_value``.
+        over_limit: bool: the call left more than ``table.max_live`` live keys (only seen
+            inside ``jit``: eagerly the table's load policy acts instead).
     """
 
     slots: jax.Array
@@ -57,6 +60,7 @@ class LookupInfo(NamedTuple):
     unplaced: jax.Array
     not_admitted: jax.Array
     filtered: jax.Array
+    over_limit: jax.Array
 
 
 def locate(table: HashTable, keys: Any) -> jax.Array:
@@ -130,17 +134,23 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
         ``(table, values, info)``: the new table, float32 ``keys.shape + (dim,)`` rows
         (differentiable w.r.t. ``table.values``) and a :class:`LookupInfo`. Keys that find
         no free slot get ``default_value``, are counted in ``info.unplaced`` and in
-        ``table.dropped`` — never dropped silently.
+        ``table.dropped`` — never dropped silently. A call that would leave more than
+        ``table.max_live`` live keys applies the table's load policy
+        (:mod:`~jaxops.ops.hashtable.load`: raise, or grow the table, eagerly; inside
+        ``jit`` ``info.over_limit``).
     """
     op = LOOKUP_OR_INSERT.name
     table = check_table(op, table)
     if not 0 <= int(filter_freq) < 2**31:
         raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
     words = as_words(keys, op, "keys")
-    new_table, rows, info = LOOKUP_OR_INSERT(
-        table, words, filter_mode=filter_mode, filter_freq=filter_freq,
-        default_key_or_value=default_key_or_value, default_key=default_key,
-        default_value=default_value, filter_key_flag=filter_key_flag, filter_key=filter_key)
+    attrs = dict(filter_mode=filter_mode, filter_freq=filter_freq,
+                 default_key_or_value=default_key_or_value, default_key=default_key,
+                 default_value=default_value, filter_key_flag=filter_key_flag,
+                 filter_key=filter_key)
+    new_table, rows, info = apply_load_policy(
+        op, table, LOOKUP_OR_INSERT(table, words, **attrs),
+        lambda grown: LOOKUP_OR_INSERT(grown, words, **attrs))
     shape = words.shape
     return (new_table, rows.reshape(*shape, table.embedding_dim),
             info._replace(slots=info.slots.reshape(shape), admitted=info.admitted.reshape(shape)))
@@ -177,64 +187,69 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
             skip = is_filter_key
     batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
     valid = ~skip
-    slot = find_or_place(table, batch, valid)
+    first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
+    place = find_or_place(table, batch, valid, first)
+    slot, old_flags = place.slot, place.old_flags
+    placed = slot >= 0
 
     # One writer per slot: the slot's first occurrence, carrying the slot's totals.
-    lead = first_per_slot(slot, size)
+    lead = is_first(first, placed)
     at = jnp.maximum(slot, 0)
-    old_flags = take(table.flags, at)
     fresh = (old_flags & VALID) == 0
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
     before = Words64(take(table.counter_lo, at), take(table.counter_hi, at))
-    after = add_to_words(before, count_per_slot(slot, size))
+    after = add_to_words(before, group_count(first, placed))
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
-    admitted = slot >= 0
+    admitted = placed
     not_admitted = jnp.zeros((), jnp.int32)
     if filter_mode == "counter":
         was_admitted = ((old_flags & FILTER) != 0) & ~fresh
-        refused = _refused_by_counter(slot, before, was_admitted, filter_freq, size)
+        refused = _refused_by_counter(first, placed, before, was_admitted, filter_freq)
         admitted = admitted & ~refused
         not_admitted = jnp.sum(refused, dtype=jnp.int32)
         reached = (after.hi > 0) | (after.lo >= np.uint32(filter_freq))
         flags = jnp.where(was_admitted | reached, flags | jnp.uint8(FILTER), flags)
     inserted = jnp.sum(lead & fresh, dtype=jnp.int32)
     unplaced = jnp.sum(valid & (slot < 0), dtype=jnp.int32)
+    # Only what changes is written: a present key's words (and mostly its flags) stay, and
+    # each skipped write is one random memory access fewer in a table larger than the caches.
+    new_key = lead & (old_flags == 0)
     new_table = table.replace(
-        key_lo=set_rows(table.key_lo, slot, batch.words.lo, lead),
-        key_hi=set_rows(table.key_hi, slot, batch.words.hi, lead),
+        key_lo=set_rows(place.key_lo, slot, batch.words.lo, new_key),
+        key_hi=set_rows(table.key_hi, slot, batch.words.hi, new_key),
         counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
         counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
-        flags=set_rows(table.flags, slot, flags, lead),
+        flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
-        dropped=table.dropped + unplaced)
+        dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
-                      jnp.sum(skip, dtype=jnp.int32))
+                      jnp.sum(skip, dtype=jnp.int32), new_table.live > table.max_live)
     return new_table, rows, info
 
 
-def _refused_by_counter(slot, before: Words64, was_admitted, filter_freq: int, size: int):
+def _refused_by_counter(first, member, before: Words64, was_admitted, filter_freq: int):
     """Occurrences whose counter, this occurrence included, stays below ``filter_freq``.
 
     Occurrence ``r`` of a slot (1-based, batch order) is refused when ``before + r <
     filter_freq``, i.e. the first ``need - 1`` occurrences with ``need = filter_freq -
     before``. They are peeled off one round per rank (at most ``filter_freq - 1`` rounds,
-    and no more than the largest multiplicity) instead of sorting the batch.
+    and no more than the largest multiplicity) instead of sorting the batch; a group is
+    named by its first member (``first``), so the rounds cost O(batch).
     """
-    n = slot.shape[0]
+    n = first.shape[0]
     idx = jnp.arange(n, dtype=jnp.int32)
     low = (before.hi == 0) & (before.lo < np.uint32(filter_freq)) & ~was_admitted
     need = jnp.where(low, np.int32(filter_freq) - before.lo.astype(jnp.int32), 0)
 
     def peel(state):
         rank, remaining, refused = state
-        where = jnp.where(remaining, slot, size)
-        best = jnp.full(size, _NOBODY).at[where].min(idx, mode="drop")
-        first = remaining & (take(best, jnp.maximum(slot, 0)) == idx)
-        refused = refused | (first & (rank < need))
-        return rank + 1, remaining & ~first & (rank + 1 < need), refused
+        best = jnp.full(n, _NOBODY).at[jnp.where(remaining, first, n)].min(idx, mode="drop")
+        next_up = remaining & (take(best, first) == idx)
+        refused = refused | (next_up & (rank < need))
+        return rank + 1, remaining & ~next_up & (rank + 1 < need), refused
 
-    start = (slot >= 0) & (need > 1)
+    start = member & (need > 1)
     _, _, refused = jax.lax.while_loop(lambda s: jnp.any(s[1]), peel,
                                        (jnp.int32(1), start, jnp.zeros(n, bool)))
     return refused

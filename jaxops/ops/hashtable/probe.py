@@ -19,7 +19,9 @@ over the indices, is exactly where the sequential loop puts it. A key that walke
 >>> import jax.numpy as jnp
 >>> flags = jnp.array([0, 1, 0, 0], jnp.uint8)   # slot 1 is in use
 >>> home = jnp.array([1, 1, 2], jnp.int32)
->>> place_new_keys(flags, home, jnp.zeros(3, jnp.int32), jnp.ones(3, bool)).tolist()
+>>> slots, _, _ = place_new_keys(jnp.zeros(4, jnp.uint32), flags, home, jnp.zeros(3, jnp.int32),
+...                              jnp.ones(3, bool))
+>>> slots.tolist()
 [2, 3, 0]
 """
 
@@ -36,6 +38,9 @@ from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
 from jaxops.ops.hashtable.table import HashTable, Words64
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)  # owner of a slot no pending key holds
+_NOBODY_WORD = np.uint32(_NOBODY)
+#: Flag bit of a slot held by a key being placed; it never outlives one operation.
+PENDING = np.uint8(0x80)
 WINDOW = 8  # slots a key reads per round of find_slots
 
 
@@ -146,34 +151,49 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
     return retired_values(stages, "first")
 
 
-def place_new_keys(flags: jax.Array, home: jax.Array, start: jax.Array, pending: jax.Array
-                   ) -> jax.Array:
+def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: jax.Array,
+                   pending: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Slots for distinct keys absent from the table, as sequential insertion in index order.
 
+    The owner of each contested slot is kept in the table's own arrays, so the cost is
+    O(batch) and nothing of the table's size is allocated (with the table donated, XLA
+    updates them in place): a slot some key holds carries :data:`PENDING` in its flags and
+    the holder's index in its low key word. Every slot that ever gets a holder keeps one to
+    the end, so the caller, which writes the placed keys' words and flags, erases all of it.
+
     Args:
-        flags: uint8 ``[bucket_size]``, the table's flags (non-zero: the slot is in use).
+        key_lo: uint32 ``[bucket_size]``, the table's low key words.
+        flags: uint8 ``[bucket_size]``, the table's flags (0: the slot is free).
         home: int32 ``[N]``, each key's home slot.
         start: int32 ``[N]``, slots each key may skip (they are known to be occupied).
         pending: bool ``[N]``, the keys to place (all distinct and absent from the table).
 
     Returns:
-        int32 ``[N]``: the slot of each placed key, -1 for keys not placed (table full).
+        ``(slot_of, key_lo, flags)``: int32 ``[N]`` slot of each placed key (-1: not placed,
+        the table is full); the two table arrays with the scratch described above, which the
+        caller must overwrite at every placed slot.
     """
     n, size = home.shape[0], flags.shape[0]
 
     def step(lanes, active, carry):
-        owner, slot_of = carry
+        key_lo, flags, slot_of = carry
         me, dist = lanes["id"], lanes["dist"]
         pos = probe_slot(lanes["home"], dist, size)
-        held_by = take(owner, pos)
-        free = active & (take(flags, pos) == 0) & (held_by > me)
-        owner = owner.at[jnp.where(free, pos, size)].min(me, mode="drop")
-        won = free & (take(owner, pos) == me)
-        ousted = won & (held_by != _NOBODY)
+        flag = take(flags, pos)
+        held = (flag & PENDING) != 0
+        held_by = jnp.where(held, take(key_lo, pos), _NOBODY_WORD)
+        mine = me.astype(jnp.uint32)
+        free = active & ((flag & ~PENDING) == 0) & (held_by > mine)
+        first_claim = jnp.where(free & ~held, pos, size)
+        key_lo = key_lo.at[first_claim].set(_NOBODY_WORD, mode="drop")
+        flags = flags.at[first_claim].set(flag | PENDING, mode="drop")
+        key_lo = key_lo.at[jnp.where(free, pos, size)].min(mine, mode="drop")
+        won = free & (take(key_lo, pos) == mine)
+        ousted = won & held
         slot_of = slot_of.at[jnp.where(won, me, n)].set(pos, mode="drop")
-        slot_of = slot_of.at[jnp.where(ousted, held_by, n)].set(-1, mode="drop")
+        ousted_id = jnp.where(ousted, held_by, 0).astype(jnp.int32)
+        slot_of = slot_of.at[jnp.where(ousted, ousted_id, n)].set(-1, mode="drop")
         # A winner's lane carries on with the key it ousted, from the slot after.
-        ousted_id = jnp.where(ousted, held_by, 0)
         ousted_home = take(home, ousted_id)
         back = pos - ousted_home
         ousted_dist = jnp.where(back < 0, back + size, back) + 1
@@ -181,10 +201,10 @@ def place_new_keys(flags: jax.Array, home: jax.Array, start: jax.Array, pending:
         lanes = {"id": jnp.where(ousted, ousted_id, me), "dist": dist,
                  "home": jnp.where(ousted, ousted_home, lanes["home"])}
         active = ((active & ~won) | ousted) & (dist < size)
-        return lanes, active, (owner, slot_of)
+        return lanes, active, (key_lo, flags, slot_of)
 
     lanes = {"id": jnp.arange(n, dtype=jnp.int32), "dist": start, "home": home}
-    carry = (jnp.full(size, _NOBODY), jnp.full(n, -1, jnp.int32))
+    carry = (key_lo, flags, jnp.full(n, -1, jnp.int32))
     pending = pending & (start < size)
-    (_, slot_of), _ = drain(lanes, pending, step, carry)
-    return slot_of
+    (key_lo, flags, slot_of), _ = drain(lanes, pending, step, carry)
+    return slot_of, key_lo, flags

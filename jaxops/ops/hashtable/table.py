@@ -118,7 +118,32 @@ def add_to_words(words: Words64, amount: jax.Array) -> Words64:
     """``words + amount`` (amount: non-negative uint32-range integers) with carry."""
     amount = jnp.asarray(amount).astype(jnp.uint32)
     lo = words.lo + amount
-    return Words64(lo, words.hi + (lo < words.lo).astype(jnp.uint32))
+    return type(words)(lo, words.hi + (lo < words.lo).astype(jnp.uint32))
+
+
+class Counter64(Words64):
+    """A uint64 scalar counter as its two words; ``int(c)`` reads it on the host.
+
+    >>> int(Counter64.zero()), int(add_to_words(Counter64.zero(), np.uint32(2**32 - 1)))
+    (0, 4294967295)
+    """
+
+    __slots__ = ()
+
+    def __int__(self) -> int:
+        return int(to_host_int64(self, signed=False))
+
+    @classmethod
+    def zero(cls) -> "Counter64":
+        return cls(jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.uint32))
+
+
+def as_counter(x: Any) -> Counter64:
+    """A :class:`Counter64` from one, or from a plain non-negative integer scalar."""
+    if isinstance(x, Counter64):
+        return x
+    w = as_words(x if isinstance(x, (Words64, jax.Array)) else np.uint64(x), "Counter64", "x")
+    return Counter64(w.lo.reshape(()), w.hi.reshape(()))
 
 
 def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> int:
@@ -141,7 +166,10 @@ class HashTable:
         values: float32 ``[bucket_size, embedding_dim]``.
         live: int32 scalar, keys held and not evicted (CANN handle word 2).
         not_exported: int32 scalar, live keys never exported (CANN handle word 4).
-        dropped: int32 scalar, insertions so far that found no free slot (not in CANN).
+        dropped: :class:`Counter64` (uint64), insertions so far that found no free slot
+            (not in CANN); ``int(table.dropped)`` reads it.
+        max_load_factor, load_policy: static; the most live keys an insert may leave, as a
+            fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
     """
 
     key_lo: jax.Array
@@ -152,7 +180,10 @@ class HashTable:
     values: jax.Array
     live: jax.Array
     not_exported: jax.Array
-    dropped: jax.Array
+    dropped: Counter64
+    # Static (part of the pytree's structure): see jaxops.ops.hashtable.load. Not in CANN.
+    max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
+    load_policy: str = dataclasses.field(default="error", metadata={"static": True})
 
     @property
     def bucket_size(self) -> int:
@@ -170,6 +201,11 @@ class HashTable:
     def counters(self) -> Words64:
         return Words64(self.counter_lo, self.counter_hi)
 
+    @property
+    def max_live(self) -> int:
+        """The most live keys an insert may leave (``max_load_factor * bucket_size``)."""
+        return int(self.max_load_factor * self.bucket_size)
+
     def replace(self, **changes) -> "HashTable":
         """A copy with some fields replaced (e.g. ``values`` to differentiate through)."""
         return dataclasses.replace(self, **changes)
@@ -177,12 +213,13 @@ class HashTable:
     @classmethod
     def empty(cls, bucket_size: int, embedding_dim: int, values: jax.Array) -> "HashTable":
         """A table with no keys whose slots hold ``values`` (the rows new keys start with)."""
-        full = jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)
-        zero = jnp.zeros((bucket_size,), jnp.uint32)
-        count = jnp.zeros((), jnp.int32)
+        # Every field its own buffer: a jitted step may donate the whole table.
+        full = lambda: jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)  # noqa: E731
+        zero = lambda: jnp.zeros((bucket_size,), jnp.uint32)  # noqa: E731
+        count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
         byte = jnp.zeros((bucket_size,), jnp.uint8)
         values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
-        return cls(full, full, zero, zero, byte, values, count, count, count)
+        return cls(full(), full(), zero(), zero(), byte, values, count(), count(), Counter64.zero())
 
     def __repr__(self) -> str:
         return f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim})"
