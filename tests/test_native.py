@@ -54,7 +54,7 @@ def _nonzero_inputs(rng):
     """(input, capacities to try); each distinct shape, dtype and capacity compiles once
     per backend, so the edge cases share inputs where they can."""
     special = [0.0, -0.0, np.nan, np.inf, -np.inf, 1.0]
-    for dt, tiny in SUBNORMAL.items():  # NaN, -0.0, denormals as XLA:CPU reads them
+    for dt, tiny in SUBNORMAL.items():  # NaN, -0.0, subnormals (non-zero: decided on bits)
         yield np.array(special + [tiny, -tiny], dt), [None]
     yield np.array([0, 1e-45, 1e-45j, np.nan, -0.0, 2j], np.complex64), [None]
     yield np.zeros((3, 0, 2), np.int32), [None, 0]                # empty
@@ -81,6 +81,8 @@ def test_masked_select_native_equals_xla():
         (np.array([1 + 2j, 3j, 0], np.complex64), np.array([True, False, True]), [None]),
         (np.zeros((0, 3), np.float32), np.zeros((0, 3), bool), [None]),       # empty
         (np.ones((4, 4), bool), np.ones((4, 4), bool), [None]),               # all selected
+        (np.array([1e-45, -1e-45, -0.0, np.nan], np.float32), np.ones(4, np.uint8), [None]),
+        (np.array([6e-8, -6e-8, -0.0, 1], np.float16), np.array([1, 0, 2, 1], np.uint8), [None]),
         (rng.standard_normal(40_000).astype(np.float32), rng.random(40_000) < 0.1, [3000]),
     ]
     op = jaxops.get_op("MaskedSelect")
@@ -169,6 +171,39 @@ def test_batched_nms_native_equals_xla():
               _boxes(rng, n)[0], _scores(rng, (n,)), np.zeros(n, np.int32))
 
 
+# Disjoint boxes scored with zeros, subnormals (1 and 2 units of the last place) and NaN,
+# and the kept boxes (best first) for each score threshold, decided on the values: a
+# subnormal is above zero, -0.0 == 0.0 (ties to the lower index), NaN is never a candidate
+# (a NaN threshold is refused). (The high-performance ranking ignores the scores' low bits,
+# so there only native == xla is checked.)
+TINY_SCORES = np.array([0, 1, 0x80000001, 0x80000000, 2, 0x7fc00000], np.uint32).view(np.float32)
+TINY_KEPT = {None: [4, 1, 0, 3, 2], 0.0: [4, 1], -0.0: [4, 1], 1e-45: [4], 2e-45: [4],
+             -1e-45: [4, 1, 0, 3], 3e-45: []}
+
+
+@pytest.mark.parametrize("mode", [None, "high_performance"])
+def test_nms_subnormal_scores_and_thresholds_native_equal_xla(mode):
+    boxes = np.array([[3 * i, 0, 3 * i + 2, 2] for i in range(6)], np.float32)
+    onnx, batched = jaxops.get_op("NonMaxSuppression"), jaxops.get_op("BatchedNMS")
+    for st, want in TINY_KEPT.items():
+        kept = batched(boxes, TINY_SCORES, np.zeros(6, np.int32), iou_threshold=0.5,
+                       max_output_size=None, score_threshold=st, impl_mode=mode,
+                       backend="native")
+        assert mode or jaxops.refresh(kept[0]).tolist() == want, st
+        _same(functools.partial(batched, iou_threshold=0.5, max_output_size=None,
+                                score_threshold=st, impl_mode=mode),
+              boxes, TINY_SCORES, np.zeros(6, np.int32))
+        _same(functools.partial(onnx, max_output_boxes_per_class=6, iou_threshold=0.5,
+                                score_threshold=st, impl_mode=mode),
+              boxes[None], TINY_SCORES[None, None])
+    # Overlapping boxes: the subnormal score outranks the zeros and suppresses them; with a
+    # capacity below the kept count, the subnormal row is the best one kept.
+    same_box = np.tile(np.array([[0, 0, 4, 4], [10, 0, 14, 4]], np.float32), (3, 1))
+    _same(functools.partial(onnx, max_output_boxes_per_class=3, iou_threshold=0.5, size=1,
+                            impl_mode=mode),
+          np.stack([same_box, same_box[::-1]]), np.stack([TINY_SCORES, TINY_SCORES[::-1]])[:, None])
+
+
 def test_onnx_nms_native_vmap_and_grad_equal_xla():
     rng = np.random.default_rng(4)
     boxes = np.stack([_boxes(rng, 50, 2, "clustered") for _ in range(3)])
@@ -188,8 +223,17 @@ def test_native_x64_equals_xla():
         boxes, scores = _boxes(rng, 80, 2).astype(np.float64), _scores(rng, (2, 2, 80), "ties")
         _same(functools.partial(jaxops.get_op("NonMaxSuppression"), max_output_boxes_per_class=9,
                                 iou_threshold=0.5, size=10), boxes, scores.astype(np.float64))
-        _same(functools.partial(jaxops.get_op("NonZero"), size=None, transpose=False),
-              np.array([0, 5e-324, 1.0, np.nan]))
+        nonzero = functools.partial(jaxops.get_op("NonZero"), size=None, transpose=False)
+        for x in [np.array([0, 5e-324, -5e-324, -0.0, 1.0, np.nan]),
+                  np.array([0, 5e-324, 5e-324j, -0.0, np.nan, 2j], np.complex128)]:
+            _same(nonzero, x)
+            _same(jaxops.flatnonzero, x)
+        tiny = np.array([0.0, 5e-324, -5e-324, -0.0, 1e-323, np.nan])  # disjoint boxes
+        boxes = np.array([[3 * i, 0, 3 * i + 2, 2] for i in range(6)], np.float64)
+        for st in [None, 0.0, 5e-324, -5e-324]:
+            _same(functools.partial(jaxops.get_op("BatchedNMS"), iou_threshold=0.5,
+                                    max_output_size=None, score_threshold=st),
+                  boxes, tiny, np.zeros(6, np.int32))
 
 
 def test_disabled_by_env_var_falls_back_to_xla_and_says_why():

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.dynarray import DynArray
+from jaxops.core.float_bits import np_ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
 
@@ -87,9 +88,13 @@ def _nms_float(*arrays):
     return [a.astype(dtype) for a in arrays]
 
 
-def _thresholds(iou_threshold, score_threshold) -> dict[str, Any]:
+def _thresholds(iou_threshold, score_threshold, dtype) -> dict[str, Any]:
+    """The kernels' threshold attributes. The score threshold goes as its ``ordered_bits``
+    key in ``dtype`` (as int64 bits), rounded here exactly as the xla kernel's
+    ``float_bits.greater`` rounds it: the C++ side then compares keys only."""
+    key = int(np_ordered_bits(np.asarray([score_threshold or 0.0], dtype))[0])
     return dict(iou_threshold=float(iou_threshold), has_score_threshold=score_threshold is not None,
-                score_threshold=float(score_threshold or 0.0))
+                score_key=key - (1 << 64) if key >= 1 << 63 else key)  # int64 of the same bits
 
 
 def _onnx_nms(mode, struct, boxes, scores, *, max_output_boxes_per_class, iou_threshold,
@@ -97,10 +102,11 @@ def _onnx_nms(mode, struct, boxes, scores, *, max_output_boxes_per_class, iou_th
     rows = struct[0].data.shape[0]
     if rows == 0 or min(boxes.shape[1], max_output_boxes_per_class) * scores.shape[1] == 0:
         return None
+    boxes, scores = _nms_float(boxes, scores)
     out, total = _call("jaxops_onnx_nms", [((rows, 3), struct[0].data.dtype), ((), i32)],
-                       *_nms_float(boxes, scores), limit=min(boxes.shape[1], max_output_boxes_per_class),
+                       boxes, scores, limit=min(boxes.shape[1], max_output_boxes_per_class),
                        center=center_point_box == 1, exact=mode != OpImplMode.HIGH_PERFORMANCE,
-                       **_thresholds(iou_threshold, score_threshold))
+                       **_thresholds(iou_threshold, score_threshold, scores.dtype))
     three = jnp.int32(3)
     return (_dynarray(struct[0], out, [jnp.minimum(total, rows), three], [total, three]),)
 
@@ -110,10 +116,10 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
     limit = struct[0].data.shape[0]
     if limit == 0:
         return None
+    boxes, scores = _nms_float(boxes, scores)
     kept, count = _call("jaxops_batched_nms", [((limit,), struct[0].data.dtype), ((), i32)],
-                        *_nms_float(boxes, scores), idxs.astype(i32),
-                        exact=mode != OpImplMode.HIGH_PERFORMANCE,
-                        **_thresholds(iou_threshold, score_threshold))
+                        boxes, scores, idxs.astype(i32), exact=mode != OpImplMode.HIGH_PERFORMANCE,
+                        **_thresholds(iou_threshold, score_threshold, scores.dtype))
     return (_dynarray(struct[0], kept, [count], [count]),)
 
 

@@ -22,8 +22,12 @@ namespace jaxops {
 namespace ffi = xla::ffi;
 
 // XLA:CPU runs its kernels with denormals-are-zero and flush-to-zero set (measured:
-// jit(x != 0) is False for 1e-45f, 1e-45f * 1e30f is 0). The native kernels must decide
-// exactly as the xla kernels do, so they run under the same mode, whatever the caller's.
+// jit(x != 0) is False for 1e-45f, 1e-45f * 1e30f is 0). The xla kernels therefore decide
+// every float predicate and order on the integer bits (jaxops/core/float_bits.py: "is it
+// zero", score thresholds, priority keys), and so do the native ones (ordered_bits below,
+// the nonzero masks of compaction.cc): those decisions hold in any float mode. Only float
+// arithmetic the xla kernels do in floats (the IoU of NMS) runs under this mode, so that
+// it rounds and flushes as XLA's does, whatever the caller's mode.
 class XlaFloatMode {
  public:
 #if defined(__x86_64__) || defined(_M_X64)
@@ -42,16 +46,26 @@ inline F nan_min(F a, F b) { const F m = b < a ? b : a; return a != a ? a : (b !
 template <typename F>
 inline F nan_max(F a, F b) { const F m = b > a ? b : a; return a != a ? a : (b != b ? b : m); }
 
-// An unsigned key whose integer order is the float order (-0.0 below +0.0, NaN last).
-inline uint64_t total_order_key(float f) {
+// float_bits.ordered_bits: an unsigned key (of the float's width) whose integer order is
+// the float order with -0.0 == +0.0 and every NaN (any sign, any payload) the largest key,
+// one above +inf. A subnormal is the value it is, whatever the float mode.
+template <typename U>
+inline U ordered_bits_of(U u, U inf) {
+  constexpr U sign = U{1} << (8 * sizeof(U) - 1);
+  const U mag = u & ~sign;
+  if (mag == 0) u = 0;                          // -0.0 -> +0.0
+  const U key = (u & sign) ? U(~u) : U(u | sign);  // negatives order backwards
+  return mag > inf ? U(~U{0}) : key;
+}
+inline uint32_t ordered_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  return (u & 0x80000000u) ? ~u & 0xffffffffu : u | 0x80000000u;
+  return ordered_bits_of<uint32_t>(u, 0x7f800000u);
 }
-inline uint64_t total_order_key(double f) {
+inline uint64_t ordered_bits(double f) {
   uint64_t u;
   std::memcpy(&u, &f, 8);
-  return (u & 0x8000000000000000ull) ? ~u : u | 0x8000000000000000ull;
+  return ordered_bits_of<uint64_t>(u, 0x7ff0000000000000ull);
 }
 
 // A large output XLA hands us is fresh malloc memory: untouched 4 KB pages, each faulting

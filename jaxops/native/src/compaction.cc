@@ -53,9 +53,10 @@ int64_t compact(int64_t n, const uint8_t* bytes, Pred is_set, Emit emit, int64_t
   return k;
 }
 
-// Calls fn(is_set, bytes) with the "x != 0" predicate of x's element type, decided as
-// XLA:CPU decides it: float32/64 (and complex) denormals are zero (DAZ), float16 and
-// bfloat16 denormals are not (XLA compares those on their bits), NaN is non-zero.
+// Calls fn(is_set, bytes) with the "x != 0" predicate of x's element type, decided on the
+// bits as float_bits.is_nonzero decides it (so whatever the float mode): a float is
+// non-zero when any bit but the sign is set, so subnormals and NaN are non-zero and -0.0
+// is zero; a complex number when either part is.
 template <typename Fn>
 ffi::Error with_nonzero_predicate(const ffi::AnyBuffer& x, Fn fn) {
   const void* p = x.untyped_data();
@@ -77,19 +78,19 @@ ffi::Error with_nonzero_predicate(const ffi::AnyBuffer& x, Fn fn) {
     case ffi::DataType::BF16: return bits_test(uint16_t{}, uint16_t{0x7fff});
     case ffi::DataType::S32:
     case ffi::DataType::U32: return bits_test(uint32_t{}, uint32_t{0xffffffffu});
-    case ffi::DataType::F32: return bits_test(uint32_t{}, uint32_t{0x7f800000u});
+    case ffi::DataType::F32: return bits_test(uint32_t{}, uint32_t{0x7fffffffu});
     case ffi::DataType::S64:
     case ffi::DataType::U64: return bits_test(uint64_t{}, ~uint64_t{0});
-    case ffi::DataType::F64: return bits_test(uint64_t{}, uint64_t{0x7ff0000000000000ull});
+    case ffi::DataType::F64: return bits_test(uint64_t{}, uint64_t{0x7fffffffffffffffull});
     case ffi::DataType::C64: {
       const uint32_t* v = static_cast<const uint32_t*>(p);
-      return fn([=](int64_t i) { return ((v[2 * i] | v[2 * i + 1]) & 0x7f800000u) != 0; },
+      return fn([=](int64_t i) { return ((v[2 * i] | v[2 * i + 1]) & 0x7fffffffu) != 0; },
                 nullptr);
     }
     case ffi::DataType::C128: {
       const uint64_t* v = static_cast<const uint64_t*>(p);
       return fn([=](int64_t i) {
-        return ((v[2 * i] | v[2 * i + 1]) & 0x7ff0000000000000ull) != 0; }, nullptr);
+        return ((v[2 * i] | v[2 * i + 1]) & 0x7fffffffffffffffull) != 0; }, nullptr);
     }
     default: return bad("NonZero: unsupported input dtype");
   }
@@ -139,7 +140,6 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
 ffi::Error NonZero(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t rank, int64_t capacity,
                    bool transpose) {
-  XlaFloatMode mode;
   advise_huge_pages(out->untyped_data(), out->size_bytes());
   switch (out->element_type()) {
     case ffi::DataType::S32:

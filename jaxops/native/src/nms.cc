@@ -1,12 +1,15 @@
 // Greedy non-maximum suppression (ONNX NonMaxSuppression, torchvision batched_nms), decided
 // bit for bit as the xla kernels of jaxops/ops/nms.py decide it:
 //
-// - candidates: scores that are not NaN and, with a threshold, strictly greater than it;
-// - priority: decreasing score, ties (+0.0 and -0.0 alike) to the lower box index; the
-//   high-performance ranking of float32 scores compares the keys with their low
-//   ceil(log2 N) bits cleared (see priority_order in jaxops/ops/nms_tiled.py);
+// - candidates: scores that are not NaN and, with a threshold, strictly greater than it,
+//   decided on ordered_bits (score_candidates / float_bits.greater): a subnormal score is
+//   above a zero one and a zero threshold, -0.0 == +0.0, NaN never passes;
+// - priority: decreasing ordered_bits of the score, ties (+0.0 and -0.0 alike) to the lower
+//   box index; the high-performance ranking of float32 scores compares the keys with their
+//   low ceil(log2 N) bits cleared (see priority_order in jaxops/ops/nms/tiled.py);
 // - a candidate is kept unless a kept box (of its group) has inter / union > threshold,
-//   computed in the score's float type with jnp's NaN-propagating min / max;
+//   computed in the score's float type with jnp's NaN-propagating min / max, under XLA's
+//   float mode (XlaFloatMode): the xla kernels compute the IoU in floats under FTZ / DAZ;
 // - at most `limit` boxes are kept per problem (early stop).
 //
 // Candidates are popped from a heap, as ONNX Runtime does, so an early stop never sorts the
@@ -14,7 +17,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -88,30 +90,31 @@ inline bool any_suppresses(const F* k0, const F* k1, const F* k2, const F* k3, c
   return hit != 0;
 }
 
-// The priority key of a score (see the file comment); zeros (and, under DAZ, denormals)
-// compare equal to +0.0 as in the xla kernel's where(scores == 0, 0, scores).
+// The priority key of a score from its ordered_bits (see the file comment): ~ordered_bits
+// in the score's width, increasing = decreasing score, as priority_order sorts.
 template <typename F>
-inline uint64_t priority_key(F s, uint64_t cleared_bits) {
-  const F z = s == F(0) ? F(0) : s;
+inline uint64_t priority_key(uint64_t ordered, uint64_t cleared_bits) {
   const uint64_t width_mask = sizeof(F) == 4 ? 0xffffffffull : ~0ull;
-  return (~total_order_key(z) & width_mask) & ~cleared_bits;
+  return (~ordered & width_mask) & ~cleared_bits;
 }
 
 // One problem: indices of the kept boxes, best first. `groups` (optional): a box only
-// suppresses boxes of its own group.
+// suppresses boxes of its own group. `st_key`: ordered_bits of the score threshold, rounded
+// to F by the caller as float_bits.greater rounds it.
 template <typename F>
 void greedy(const Boxes<F>& bx, const F* scores, const int32_t* groups, int64_t n, int64_t limit,
-            F iou_t, bool has_st, F st, uint64_t cleared_bits, Heap<F>& heap,
+            F iou_t, bool has_st, uint64_t st_key, uint64_t cleared_bits, Heap<F>& heap,
             std::vector<int64_t>& kept) {
   using I = Item<F>;
   using T = typename I::T;
   heap.clear();
   kept.clear();
   if (limit <= 0) return;
+  const uint64_t nan_key = sizeof(F) == 4 ? 0xffffffffull : ~0ull;  // every NaN's key
   for (int64_t i = 0; i < n; ++i) {
-    const F s = scores[i];
-    if (s != s || (has_st && !(s > st))) continue;
-    heap.push_back(I::make(priority_key(s, cleared_bits), i));
+    const uint64_t k = ordered_bits(scores[i]);
+    if (k == nan_key || (has_st && !(k > st_key))) continue;
+    heap.push_back(I::make(priority_key<F>(k, cleared_bits), i));
   }
   std::make_heap(heap.begin(), heap.end(), std::greater<T>());
   std::vector<F> k0, k1, k2, k3, ka;  // the kept boxes, contiguous for the inner loop
@@ -146,17 +149,15 @@ uint64_t cleared_bits(int64_t n, bool exact) {
 
 struct Row { int64_t batch, cls, box; };
 
-// Limits rows (problem-major) to the `capacity` best scores when there are more, ties to
-// the earlier row, keeping their order (_keep_top_scoring of the xla kernel: lax.top_k of
-// max(score, finfo.min)).
+// Limits rows (problem-major) to the `capacity` best scores when there are more, ties
+// (+0.0 and -0.0 alike) to the earlier row, keeping their order (_keep_top_scoring of the
+// xla kernel: lax.top_k of the scores' ordered_bits).
 template <typename F>
 void keep_top_scoring(std::vector<Row>& rows, const std::vector<F>& row_scores, int64_t capacity) {
   if (static_cast<int64_t>(rows.size()) <= capacity) return;
   std::vector<std::pair<uint64_t, int64_t>> order(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const F s = nan_max(row_scores[r], std::numeric_limits<F>::lowest());
-    order[r] = {~total_order_key(s), static_cast<int64_t>(r)};
-  }
+  for (size_t r = 0; r < rows.size(); ++r)
+    order[r] = {priority_key<F>(ordered_bits(row_scores[r]), 0), static_cast<int64_t>(r)};
   std::nth_element(order.begin(), order.begin() + capacity, order.end());
   order.resize(capacity);
   std::sort(order.begin(), order.end(),
@@ -170,7 +171,7 @@ void keep_top_scoring(std::vector<Row>& rows, const std::vector<F>& row_scores, 
 template <typename F, typename Idx>
 ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, int64_t batch,
                     int64_t B, int64_t C, int64_t N, int64_t capacity, int64_t limit, F iou_t,
-                    bool has_st, F st, bool center, bool exact) {
+                    bool has_st, uint64_t st_key, bool center, bool exact) {
   Boxes<F> bx;
   Heap<F> heap;
   std::vector<int64_t> kept;
@@ -184,7 +185,7 @@ ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, i
       bx.decode(boxes + (v * B + b) * N * 4, N, center, !center);
       for (int64_t c = 0; c < C; ++c) {
         const F* s = scores + ((v * B + b) * C + c) * N;
-        greedy<F>(bx, s, nullptr, N, limit, iou_t, has_st, st, cleared, heap, kept);
+        greedy<F>(bx, s, nullptr, N, limit, iou_t, has_st, st_key, cleared, heap, kept);
         for (int64_t i : kept) rows.push_back({b, c, i}), row_scores.push_back(s[i]);
       }
     }
@@ -204,15 +205,15 @@ ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, i
 template <typename F, typename Idx>
 ffi::Error batched_nms(const F* boxes, const F* scores, const int32_t* groups, Idx* out,
                        int32_t* count, int64_t batch, int64_t N, int64_t capacity, F iou_t,
-                       bool has_st, F st, bool exact) {
+                       bool has_st, uint64_t st_key, bool exact) {
   Boxes<F> bx;
   Heap<F> heap;
   std::vector<int64_t> kept;
   const uint64_t cleared = cleared_bits<F>(N, exact);
   for (int64_t v = 0; v < batch; ++v) {
     bx.decode(boxes + v * N * 4, N, false, true);
-    greedy<F>(bx, scores + v * N, groups + v * N, N, capacity, iou_t, has_st, st, cleared, heap,
-              kept);
+    greedy<F>(bx, scores + v * N, groups + v * N, N, capacity, iou_t, has_st, st_key, cleared,
+              heap, kept);
     Idx* o = out + v * capacity;
     for (int64_t r = 0; r < capacity; ++r)
       o[r] = r < static_cast<int64_t>(kept.size()) ? Idx(kept[r]) : Idx(-1);
@@ -236,7 +237,7 @@ ffi::Error dispatch(ffi::DataType f, ffi::DataType idx, Fn fn) {
 
 ffi::Error OnnxNms(ffi::AnyBuffer boxes, ffi::AnyBuffer scores, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::Buffer<ffi::S32>> total, int64_t limit, double iou_threshold,
-                   bool has_score_threshold, double score_threshold, bool center, bool exact) {
+                   bool has_score_threshold, int64_t score_key, bool center, bool exact) {
   XlaFloatMode mode;
   auto sd = scores.dimensions();
   if (sd.size() < 3 || boxes.element_type() != scores.element_type())
@@ -251,13 +252,13 @@ ffi::Error OnnxNms(ffi::AnyBuffer boxes, ffi::AnyBuffer scores, ffi::Result<ffi:
                             static_cast<const F*>(scores.untyped_data()),
                             static_cast<Idx*>(out->untyped_data()), total->typed_data(), batch,
                             B, C, N, capacity, limit, F(iou_threshold), has_score_threshold,
-                            F(score_threshold), center, exact);
+                            static_cast<uint64_t>(score_key), center, exact);
   });
 }
 
 ffi::Error BatchedNms(ffi::AnyBuffer boxes, ffi::AnyBuffer scores, ffi::Buffer<ffi::S32> groups,
                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::S32>> count,
-                      double iou_threshold, bool has_score_threshold, double score_threshold,
+                      double iou_threshold, bool has_score_threshold, int64_t score_key,
                       bool exact) {
   XlaFloatMode mode;
   auto sd = scores.dimensions();
@@ -272,7 +273,7 @@ ffi::Error BatchedNms(ffi::AnyBuffer boxes, ffi::AnyBuffer scores, ffi::Buffer<f
                                static_cast<const F*>(scores.untyped_data()), groups.typed_data(),
                                static_cast<Idx*>(out->untyped_data()), count->typed_data(), batch,
                                N, capacity, F(iou_threshold), has_score_threshold,
-                               F(score_threshold), exact);
+                               static_cast<uint64_t>(score_key), exact);
   });
 }
 
@@ -288,7 +289,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsOnnxNms, jaxops::OnnxNms,
                                   .Attr<int64_t>("limit")
                                   .Attr<double>("iou_threshold")
                                   .Attr<bool>("has_score_threshold")
-                                  .Attr<double>("score_threshold")
+                                  .Attr<int64_t>("score_key")
                                   .Attr<bool>("center")
                                   .Attr<bool>("exact"));
 
@@ -301,5 +302,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsBatchedNms, jaxops::BatchedNms,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Attr<double>("iou_threshold")
                                   .Attr<bool>("has_score_threshold")
-                                  .Attr<double>("score_threshold")
+                                  .Attr<int64_t>("score_key")
                                   .Attr<bool>("exact"));

@@ -41,7 +41,7 @@ from jaxops.capacity import run_with_policy
 from jaxops.core.dtypes import FLOATING, INDEX, INTEGER
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
-from jaxops.core.float_bits import largest_at_most
+from jaxops.core.float_bits import largest_at_most, ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
 from jaxops.core.narrowing import check_fits
@@ -149,10 +149,15 @@ def _keep_top_scoring(keep: jax.Array, ranked_scores: jax.Array, rows: int,
                       total: jax.Array) -> jax.Array:
     """``keep`` limited to its ``rows`` highest scores when it holds more (ties to the earlier
     output row), so a truncated NMS output keeps the best detections over all batches and
-    classes; they stay in the usual batch, class, score order."""
+    classes; they stay in the usual batch, class, score order. Ranked on ``ordered_bits``
+    (float compares under XLA:CPU's DAZ would rank a subnormal score as a zero)."""
     def restrict(keep):
-        finite = jnp.maximum(ranked_scores, jnp.finfo(ranked_scores.dtype).min)  # kept -inf
-        _, best = jax.lax.top_k(jnp.where(keep, finite, -jnp.inf), rows)
+        key = ordered_bits(ranked_scores)  # unsigned; kept scores are never NaN
+        bits = key.dtype.itemsize * 8  # flipping the top bit: the same order as signed ints
+        signed = jax.lax.bitcast_convert_type(key ^ np.asarray(1 << (bits - 1), key.dtype),
+                                              jnp.dtype(f"int{bits}"))
+        # no kept score has the smallest key (it lies below -inf's)
+        _, best = jax.lax.top_k(jnp.where(keep, signed, jnp.iinfo(signed.dtype).min), rows)
         return keep & jnp.zeros_like(keep).at[best].set(True)
     return jax.lax.cond(total > rows, restrict, lambda k: k, keep)
 
