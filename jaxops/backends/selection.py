@@ -10,7 +10,9 @@ The rules, strongest first:
    backend raises; an operator the backend has no kernel for runs on ``xla`` instead, and
    :func:`explain` says so.
 3. Otherwise automatic: ``ascend`` when the runtime is available and has the operator's
-   aclnn kernel, else ``xla``. ``host`` is never chosen automatically.
+   aclnn kernel, else ``native`` (C++ XLA FFI kernels, :mod:`jaxops.native`) on the CPU when
+   the library is built and ``JAXOPS_NATIVE`` is not ``0``, else ``xla``. ``host`` is never
+   chosen automatically.
 
 The rules run in the core (:mod:`jaxops.core.backend_table`), on the table every backend
 registers into; this module adds the user's view (:func:`available`, :func:`explain`).
@@ -35,7 +37,7 @@ fallback: DocNeg has no 'host' kernel (kernels: xla)
 ...         pass
 ... except BackendUnavailableError as e:
 ...     print(e)
-unknown backend 'tpu' (from use_backend); known backends: xla, host, ascend
+unknown backend 'tpu' (from use_backend); known backends: xla, host, ascend, native
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def available() -> list[BackendStatus]:
     """Every backend with its status and the operators that have a kernel on it.
 
     >>> [b.name for b in available()]
-    ['xla', 'host', 'ascend']
+    ['xla', 'host', 'ascend', 'native']
     """
     out = []
     for name in backend_names():
