@@ -30,7 +30,7 @@ def _assert_same(actual, expected, rtol):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_eager(case, seed):
     inputs = case.make_inputs(np.random.default_rng(seed))
-    _assert_same(jaxops.refresh(case.fn(*inputs, **case.attrs)),
+    _assert_same(jaxops.refresh(case.fn(*inputs, **case.attrs), allow_truncated=True),
                  case.reference(*inputs, **case.attrs), case.rtol)
 
 
@@ -38,14 +38,15 @@ def test_eager(case, seed):
 def test_jit(case):
     inputs = case.make_inputs(np.random.default_rng(2))
     f = jax.jit(functools.partial(case.fn, **case.attrs))
-    _assert_same(jaxops.refresh(f(*inputs)), case.reference(*inputs, **case.attrs), case.rtol)
+    _assert_same(jaxops.refresh(f(*inputs), allow_truncated=True), case.reference(*inputs, **case.attrs), case.rtol)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.vmap], ids=str)
 def test_vmap(case):
     batch = [case.make_inputs(np.random.default_rng(10 + i)) for i in range(3)]
     stacked = [np.stack(col) for col in zip(*batch)]
-    out = jaxops.refresh(jax.jit(jax.vmap(functools.partial(case.fn, **case.attrs)))(*stacked))
+    out = jaxops.refresh(jax.jit(jax.vmap(functools.partial(case.fn, **case.attrs)))(*stacked),
+                         allow_truncated=True)  # capacity rows truncate on purpose
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=lambda x: isinstance(x, list))
     for i, inputs in enumerate(batch):
         got = jax.tree_util.tree_unflatten(
