@@ -42,6 +42,9 @@ _NOBODY_WORD = np.uint32(_NOBODY)
 #: Flag bit of a slot held by a key being placed; it never outlives one operation.
 PENDING = np.uint8(0x80)
 WINDOW = 8  # slots a key reads per round of find_slots
+#: Slots a key reads per round of place_new_keys: in a crowded table a key passes long runs
+#: of used slots, one round per window.
+PLACE_WINDOW = 32
 
 
 def take(a: jax.Array, i: jax.Array) -> jax.Array:
@@ -75,14 +78,17 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array
     n = active.shape[0]
     slot, dist, flags = jnp.full(n, -1, jnp.int32), jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.uint8)
     lanes = {"lo": words.lo, "hi": words.hi, "dist": dist, "slot": slot, "flags": flags}
-    _, stages = drain(lanes, active, functools.partial(_window_step, table), None, shrink=16,
-                      peel=True)
+    # Few keys walk long (runs of used slots in a crowded table): the later, narrower
+    # stages read wider windows, so the long walks take few rounds.
+    _, stages = drain(lanes, active, functools.partial(_window_step, table, n), None, shrink=16,
+                      min_lanes=64, peel=True)
     return tuple(retired_values(stages, name) for name in ("slot", "dist", "flags"))
 
 
-def _window_step(table: HashTable, lanes, active, carry):
+def _window_step(table: HashTable, n: int, lanes, active, carry):
     """One round of the walk: each lane reads the low key words and the flags of the
-    ``WINDOW`` slots from where it stands (one gather each, no wrap-around), stops at the
+    ``WINDOW`` slots (``WINDOW`` times the stage's shrink factor, at most 8, in stages
+    narrower than the batch ``n``) from where it stands (one gather each, no wrap-around), stops at the
     first empty slot or its key, and otherwise moves past the window.
 
     A window slot matching the low word is checked on the high word (one more gather); a
@@ -92,19 +98,16 @@ def _window_step(table: HashTable, lanes, active, carry):
     probes are ignored too.
     """
     size = table.bucket_size
-    w = min(WINDOW, size)
+    w = min(WINDOW * min(8, max(1, n // max(1, lanes["lo"].shape[0]))), size)
     dist = lanes["dist"]
     at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
     start = jnp.minimum(at, size - w)
     skip = at - start  # window slots before the lane's slot
     seen = skip + jnp.minimum(w - skip, size - dist)  # window slots [skip, seen): probes to make
 
-    def window(a):
-        return jax.vmap(lambda s: jax.lax.dynamic_slice(a, (s,), (w,)))(start)
-
     k = jnp.arange(w, dtype=jnp.int32)
-    flags = window(table.flags)
-    stop = ((flags == 0) | (window(table.key_lo) == lanes["lo"][:, None])) \
+    flags = _window(table.flags, start, w)
+    stop = ((flags == 0) | (_window(table.key_lo, start, w) == lanes["lo"][:, None])) \
         & (k >= skip[:, None]) & (k < seen[:, None])
     # One reduction gives the first stop and its flags: (k << 8) | flags orders by k.
     first = jnp.min(jnp.where(stop, (k << 8) | flags.astype(jnp.int32), w << 8), axis=1)
@@ -120,6 +123,11 @@ def _window_step(table: HashTable, lanes, active, carry):
     lanes = {**lanes, "dist": dist, "slot": jnp.where(active & found, pos, lanes["slot"]),
              "flags": jnp.where(active & found, flag, lanes["flags"])}
     return lanes, active & ~settled & (dist < size), carry
+
+
+def _window(a: jax.Array, start: jax.Array, w: int) -> jax.Array:
+    """``a[start[i]:start[i] + w]`` for each lane (``[N, w]``; every window is in range)."""
+    return jax.vmap(lambda s: jax.lax.dynamic_slice(a, (s,), (w,)))(start)
 
 
 def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
@@ -175,15 +183,35 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
     """
     n, size = home.shape[0], flags.shape[0]
 
+    w = min(PLACE_WINDOW, size)
+    k = jnp.arange(w, dtype=jnp.int32)
+
     def step(lanes, active, carry):
         key_lo, flags, slot_of = carry
         me, dist = lanes["id"], lanes["dist"]
-        pos = probe_slot(lanes["home"], dist, size)
-        flag = take(flags, pos)
-        held = (flag & PENDING) != 0
-        held_by = jnp.where(held, take(key_lo, pos), _NOBODY_WORD)
         mine = me.astype(jnp.uint32)
-        free = active & ((flag & ~PENDING) == 0) & (held_by > mine)
+        # Each lane reads a window of slots from where it stands (as in _window_step) and
+        # goes to the first one it may claim: slots the table uses, or a lower index holds,
+        # stay so (a holder only ever gets lower), so passing them is what single steps do.
+        at = probe_slot(lanes["home"], dist, size)
+        wstart = jnp.minimum(at, size - w)
+        skip = at - wstart
+        seen = skip + jnp.minimum(w - skip, size - dist)
+
+        wflags = _window(flags, wstart, w)
+        wheld = (wflags & PENDING) != 0
+        wheld_by = jnp.where(wheld, _window(key_lo, wstart, w), _NOBODY_WORD)
+        open_ = ((wflags & ~PENDING) == 0) & (wheld_by > mine[:, None]) \
+            & (k >= skip[:, None]) & (k < seen[:, None])
+        stop_at = jnp.min(jnp.where(open_, k, w), axis=1)
+        stopped = stop_at < w
+        pick = jnp.minimum(stop_at, w - 1)
+        pos = wstart + pick
+        flag = jnp.take_along_axis(wflags, pick[:, None], axis=1)[:, 0]
+        held = jnp.take_along_axis(wheld, pick[:, None], axis=1)[:, 0]
+        held_by = jnp.take_along_axis(wheld_by, pick[:, None], axis=1)[:, 0]
+        free = active & stopped
+        dist = jnp.where(active, dist + jnp.where(stopped, stop_at, seen) - skip, dist)
         first_claim = jnp.where(free & ~held, pos, size)
         key_lo = key_lo.at[first_claim].set(_NOBODY_WORD, mode="drop")
         flags = flags.at[first_claim].set(flag | PENDING, mode="drop")
@@ -197,7 +225,7 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         ousted_home = take(home, ousted_id)
         back = pos - ousted_home
         ousted_dist = jnp.where(back < 0, back + size, back) + 1
-        dist = jnp.where(ousted, ousted_dist, jnp.where(active & ~won, dist + 1, dist))
+        dist = jnp.where(ousted, ousted_dist, jnp.where(active & stopped & ~won, dist + 1, dist))
         lanes = {"id": jnp.where(ousted, ousted_id, me), "dist": dist,
                  "home": jnp.where(ousted, ousted_home, lanes["home"])}
         active = ((active & ~won) | ousted) & (dist < size)
