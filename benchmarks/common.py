@@ -98,22 +98,29 @@ class Result:
 
 
 def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[], Any],
-            target: float | None = None, repeats: int = 7, note: str = "", warmup: int = 5
-            ) -> Result:
+            target: float | None = None, repeats: int = 7, note: str = "", warmup: int = 5,
+            reset: Callable[[], Any] | None = None) -> Result:
     """Times ``ours`` and ``peer`` interleaved (ours, peer, ours, …) and returns the Result.
 
     The ``warmup`` pairs run first, untimed: the first few calls after building large
     inputs run while the allocator is still growing its arenas (measured here: find and
     take 2-5x slower for about six calls), which is not the steady state either side has.
+    ``reset``, when given, runs untimed before every call of either side: for steps that
+    change their own input (an insert), so every timed call starts from the same state.
     """
+    reset = reset or (lambda: None)
     for _ in range(warmup):
+        _block(reset())
         _block(ours())
+        _block(reset())
         _block(peer())
     a, b = [], []
     for _ in range(repeats):
+        _block(reset())
         t0 = time.perf_counter()
         _block(ours())
         a.append(time.perf_counter() - t0)
+        _block(reset())
         t0 = time.perf_counter()
         _block(peer())
         b.append(time.perf_counter() - t0)

@@ -1,26 +1,30 @@
-"""A table as big as the machine: create, fill, save, load and export a 2^26 x 64 float32
-table (17 GiB of rows) on a 24 GiB machine, reporting time and peak memory per stage.
+"""A table as big as the machine: peak memory of create, fill, save, load, export vs bounds.
 
-Run ``python -m benchmarks.hashtable_memory [--scale 0.125] [--dir DIR] [--json PATH]``.
-``--scale`` multiplies the slot count (0.125: 2^23 slots, 2.2 GiB). Each stage reports its
+At full scale a 2^26 x 64 float32 table (17 GiB of rows) on a 24 GiB machine, reporting
+time and peak memory per stage.
+
+Run ``python -m benchmarks [--quick] --only hashtable_memory``. The full 17 GiB run never
+starts by default: the slot count is ``2^26 * JAXOPS_BENCH_MEMORY_SCALE`` (an environment
+variable, as the runner has no per-module options; default 1/256 with ``--quick``, 2^18
+slots, 68 MiB, else 1/32, 2^21 slots, 546 MiB; ``JAXOPS_BENCH_MEMORY_SCALE=1`` for the
+full table), the checkpoint goes to ``JAXOPS_BENCH_MEMORY_DIR`` (default: the temp dir).
+Each stage reports its
 wall time and its peak extra resident memory (VmHWM after the stage minus VmRSS before it;
 the peak is reset through ``/proc/self/clear_refs`` on Linux), beside the table's bytes:
 issue 14 allows save/load/export an extra ``256 MiB + 10 %`` of the table (load: plus the
 new table itself) and random init the table alone. The checkpoint is deleted at the end.
 
 Stages: ``create`` (``init_table`` random, on the device in chunks), ``fill`` (jitted
-``lookup_or_insert`` of new keys in batches with the table donated, to ``--load`` of the
-slots), ``save``, ``load`` (after the filled table is dropped), ``export_chunks`` (every
-entry to the host, chunk by chunk, consumed and dropped).
+``lookup_or_insert`` of new keys in batches with the table donated, to half the slots), ``save``, ``load`` (after the filled table is dropped), ``export_chunks`` (every
+entry to the host, chunk by chunk, consumed and dropped). Each bounded stage is one row:
+its peak extra memory against its bound (ratio <= 1); the row's "ms" columns read MB
+(bytes / 1e6), its note gives the stage's seconds.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,8 +33,9 @@ import jax
 import numpy as np
 
 import jaxops.hashtable as ht
+from benchmarks.common import Result
 
-__all__ = ["main", "run"]
+__all__ = ["run"]
 
 _FULL_SLOTS = 1 << 26
 
@@ -76,8 +81,8 @@ def _warm_up(dim: int, directory: str | None) -> None:
         os.unlink(path)
 
 
-def run(scale: float = 1.0, dim: int = 64, load: float = 0.5, batch: int = 1 << 20,
-        directory: str | None = None) -> dict:
+def _measure(scale: float = 1.0, dim: int = 64, load: float = 0.5, batch: int = 1 << 20,
+             directory: str | None = None) -> dict:
     """Runs the five stages on ``int(2^26 * scale)`` slots; returns the measurements."""
     size = max(1024, int(_FULL_SLOTS * scale))
     rows: list[dict] = []
@@ -125,33 +130,23 @@ def run(scale: float = 1.0, dim: int = 64, load: float = 0.5, batch: int = 1 << 
             "unplaced": unplaced, "allowed_extra": allowed, "stages": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``--scale``, ``--dim``, ``--load``, ``--batch``, ``--dir``, ``--json``."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.hashtable_memory",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--scale", type=float, default=1.0, help="fraction of 2^26 slots (1.0)")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--load", type=float, default=0.5, help="fill to this load factor (0.5)")
-    p.add_argument("--batch", type=int, default=1 << 20, help="keys per fill step (2^20)")
-    p.add_argument("--dir", default=None, help="where the checkpoint goes (a temp dir)")
-    p.add_argument("--json", default=None, help="also write the results to this file")
-    args = p.parse_args(argv)
-    result = run(args.scale, args.dim, args.load, args.batch, args.dir)
+def run(quick: bool) -> list[Result]:
+    """The stages at ``JAXOPS_BENCH_MEMORY_SCALE`` (small by default; 1 for 17 GiB), one
+    Result per bounded stage: peak extra memory vs its bound, as bytes / 1e9."""
+    scale = float(os.environ.get("JAXOPS_BENCH_MEMORY_SCALE") or (1 / 256 if quick else 1 / 32))
+    size = max(1024, int(_FULL_SLOTS * scale))
+    result = _measure(scale, batch=min(1 << 20, max(1024, size // 16)),
+                      directory=os.environ.get("JAXOPS_BENCH_MEMORY_DIR") or None)
+    if not result["loaded_live"] == result["live"] == result["exported"]:
+        raise AssertionError(f"hashtable_memory: {result['live']} live entries, "
+                             f"{result['loaded_live']} after load, {result['exported']} exported")
     limits = {"create": result["table_bytes"] * 11 // 10 + (64 << 20),
               "save": result["allowed_extra"], "export_chunks": result["allowed_extra"],
               "load": result["table_bytes"] + result["allowed_extra"]}
-    for r in result["stages"]:
-        if r["stage"] in limits:
-            r["within_bound"] = r["peak_extra"] <= limits[r["stage"]]
-    print(json.dumps({k: v for k, v in result.items() if k != "stages"}))
-    for r in result["stages"]:
-        print(json.dumps(r))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    ok = result["loaded_live"] == result["live"] == result["exported"]
-    return 0 if ok and all(r.get("within_bound", True) for r in result["stages"]) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    tag = f"2^{size.bit_length() - 1}x{result['dim']}"
+    seconds = {r["stage"]: r["seconds"] for r in result["stages"]}
+    return [Result(f"memory {r['stage']} peak extra MB, {tag}", r["peak_extra"] / 1e9,
+                   "bound MB", limits[r["stage"]] / 1e9, 1.0,
+                   f"{r['seconds']} s (fill {seconds['fill']} s, {result['unplaced']} "
+                   f"unplaced); ms columns read MB")
+            for r in result["stages"] if r["stage"] in limits]

@@ -1,6 +1,6 @@
 """Row optimizers (``jaxops.hashtable.optim``) side by side with their peers in one process.
 
-Run ``python -m benchmarks.hashtable_optim [--quick] [--json PATH]``. Full size: a table of
+Run ``python -m benchmarks [--quick] --only hashtable_optim``. Full size: a table of
 1M slots x 16 floats, a batch of 64K slots drawn Zipf-like (many duplicates), every step
 jitted with the table and state donated.
 
@@ -13,7 +13,6 @@ jitted with the table and state donated.
 
 from __future__ import annotations
 
-import argparse
 import functools
 from typing import Any, Callable
 
@@ -23,7 +22,7 @@ import numpy as np
 import optax
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare, report
+from benchmarks.common import Result, compare
 
 
 def _looping(step: Callable[..., tuple], carry: tuple, *args: Any) -> Callable[[], Any]:
@@ -87,16 +86,3 @@ def run(quick: bool = False) -> list[Result]:
         compare(f"rowwise_adagrad.update {n} slots", ours_rowwise, f"adam.update {n} slots",
                 ours, repeats=repeats, note="1 vs 2*dim state floats a row"),
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--json", default="benchmarks/results/hashtable_optim.json")
-    args = parser.parse_args(argv)
-    report(run(args.quick), args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

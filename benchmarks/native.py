@@ -3,13 +3,14 @@
 Each case times the jitted operator on ``backend="native"`` and on ``backend="xla"``, each
 interleaved with its peer (onnxruntime, numpy) on the same inputs, and reports the median
 and best-repeat ratio of each. Targets (issue 18) are judged on the native median ratio.
-Run ``python -m benchmarks.native [--quick] [--json PATH]``; default settings, no huge-page
-tunable (users do not have it).
+Run ``python -m benchmarks [--quick] --only native``; add ``--no-hugepages`` for default
+allocator settings (users do not have the tunable). Without the native library the cases
+run on xla only (a ``native kernels unavailable`` line says so); ``unique`` has no native
+kernel yet, its row is the xla kernel.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 import jaxops
 from benchmarks.cases_nms import uniform_boxes
-from benchmarks.common import Result, compare, write_json
+from benchmarks.common import Result, compare
 from tests.cases.nms import ort_feeds, ort_session
 
 DENSITY = 0.1
@@ -59,6 +60,10 @@ def _nms(name, boxes, scores, max_out, iou, score_threshold, repeats, target):
 
 def run(quick: bool = False) -> list[Result]:
     """Every case of the issue's table (smaller inputs with ``quick``)."""
+    from jaxops import native as lib
+
+    if not lib.available():
+        print(f"native kernels unavailable ({lib.why_unavailable()}): xla rows only")
     rng = np.random.default_rng(0)
     repeats = 5 if quick else 21
     n_boxes, big = (1000, 1 << 16) if quick else (5000, 1 << 24)
@@ -91,38 +96,3 @@ def run(quick: bool = False) -> list[Result]:
     results.append(compare(f"unique {len(u) >> 10}K float32 [xla]",
                            lambda: unique(dev_u), "np.unique", lambda: np.unique(u), 1.0, repeats))
     return results
-
-
-def format_table(results: list[Result]) -> str:
-    """Native and xla side by side: ms, median ratio and best ratio against the peer."""
-    head = (f"{'case':44s} {'backend':>7s} {'ms':>8s} {'peer':>16s} {'peer ms':>8s} "
-            f"{'ratio':>6s} {'best':>6s} {'target':>10s}")
-    lines = [head, "-" * len(head)]
-    for r in results:
-        case, _, backend = r.name.partition(" [")
-        verdict = "" if r.target is None else f"<={r.target:g} " + ("ok" if r.meets_target else "MISS")
-        lines.append(f"{case:44s} {backend.rstrip(']')[:7]:>7s} {r.ours_s * 1e3:8.2f} "
-                     f"{r.peer:>16s} {r.peer_s * 1e3:8.2f} {r.ratio:6.2f} {r.best_ratio:6.2f} "
-                     f"{verdict:>10s}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args(argv)
-    from jaxops import native
-
-    if not native.available():
-        print(f"native kernels unavailable ({native.why_unavailable()}): xla rows only")
-    results = run(args.quick)
-    print(format_table(results))
-    print("unique has no native kernel yet: its row is the xla kernel")
-    if args.json:
-        write_json(results, args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
