@@ -64,9 +64,10 @@ def _parser(modules: dict[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"directory for bench.json / bench.png (default: {default_out()})")
     parser.add_argument("--no-plot", action="store_true", help="do not write bench.png")
-    parser.add_argument("--no-hugepages", action="store_true",
-                        help="do not re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which "
-                             "gives XLA's large CPU buffers the huge pages numpy uses")
+    parser.add_argument("--hugepages", action="store_true",
+                        help="re-run under GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (XLA's large "
+                             "CPU buffers get the huge pages numpy uses). Off by default: users "
+                             "run with default allocator settings, and targets are judged so")
     return parser
 
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                      "directory)")
     from benchmarks import common  # after parsing: --help stays quick
 
-    if not args.no_hugepages:
+    if args.hugepages:
         common.ensure_hugepages()
     print(f"GLIBC huge pages for large buffers: {'on' if common.hugepages_enabled() else 'off'}")
     progress, results = _Progress(len(chosen)), []

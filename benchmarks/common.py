@@ -30,7 +30,7 @@ def hugepages_enabled() -> bool:
 
 def ensure_hugepages() -> None:
     """Re-executes this process with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` unless it is
-    set already (callers skip the call for ``--no-hugepages``).
+    set already (the runner calls it only for ``--hugepages``).
 
     Why: numpy ``madvise``s its large arrays into transparent huge pages; XLA's CPU client
     allocates with plain ``malloc``, so every fresh output of tens of MB pays one page fault

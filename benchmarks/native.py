@@ -3,8 +3,8 @@
 Each case times the jitted operator on ``backend="native"`` and on ``backend="xla"``, each
 interleaved with its peer (onnxruntime, numpy) on the same inputs, and reports the median
 and best-repeat ratio of each. Targets (issue 18) are judged on the native median ratio.
-Run ``python -m benchmarks [--quick] --only native``; add ``--no-hugepages`` for default
-allocator settings (users do not have the tunable). Without the native library the cases
+Run ``python -m benchmarks [--quick] --only native`` (default allocator settings, as users
+have them; ``--hugepages`` opts into the glibc huge-page tunable). Without the native library the cases
 run on xla only (a ``native kernels unavailable`` line says so); ``unique`` has no native
 kernel yet, its row is the xla kernel.
 """

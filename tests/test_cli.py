@@ -202,7 +202,7 @@ def test_bench_runs_the_runner_and_writes_only_to_the_cache_dir(tmp_path, monkey
     work.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    code = cli.main(["bench", "--quick", "--no-hugepages", "--only", "nms"])
+    code = cli.main(["bench", "--quick", "--only", "nms"])
     out = capfd.readouterr().out
     assert code == 0 and "ratio" in out and "\r" not in out  # stdout is no terminal here
     assert list(work.iterdir()) == []  # nothing in the current directory
