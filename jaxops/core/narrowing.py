@@ -1,4 +1,4 @@
-"""Refuse 64-bit host inputs that ``jax_enable_x64 = False`` would silently change.
+"""Refuse 64-bit host inputs that JAX with x64 off (the default) would silently change.
 
 With x64 off, JAX converts an int64 / uint64 / float64 / complex128 numpy array to its
 32-bit type on the way to the device: ``2**40`` becomes ``0`` and ``1e-50`` becomes ``0.0``.
@@ -26,7 +26,9 @@ from jaxops.core.errors import OpDTypeError
 
 __all__ = ["check_fits"]
 
-_HINT = ('Enable 64-bit mode with jax.config.update("jax_enable_x64", True) at the start of '
+# The user's fix, in their program; the library never flips the flag itself.
+_HINT = ('Enable 64-bit mode with jax.config.update('
+         '"jax_enable_x64", True) at the start of '
          'your program, or convert the input to a 32-bit dtype yourself.')
 
 
