@@ -7,18 +7,8 @@ catches them all (the CLI does, and prints one line).
 True
 """
 
-from jaxops.core.errors import (
-    AclError, BackendUnavailableError, BenchmarksNotFound, CapacityOverflowError,
-    CapacityOverflowWarning, CheckpointError, DuplicateBackendError, DuplicateOpError,
-    JaxopsError, KernelNotFoundError, LibraryLoadError, MissingInputError, OpArgumentError,
-    OpDTypeError, OutshapeError, UnknownAttrError, UnknownOpError, UnsupportedDTypeError,
-    UsageError, describe,
-)
+from jaxops.core import errors as _errors
+from jaxops.core.errors import *  # noqa: F401,F403  (the names of core.errors.__all__)
 
-__all__ = [
-    "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
-    "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
-    "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
-    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
-    "UnsupportedDTypeError", "UsageError", "describe",
-]
+# One list: a class added to the core's __all__ is public here too.
+__all__ = list(_errors.__all__)
