@@ -54,23 +54,34 @@ class RefTable:
         self.keys = [-1] * self.size
         self.counters = [0] * self.size
         self.flags = [0] * self.size
-        self.live = self.not_exported = self.dropped = 0
+        self.last_access = [0] * self.size
+        self.live = self.not_exported = self.dropped = self.clock = 0
 
     # -- probing --------------------------------------------------------------------------
     def probe(self, key: int) -> tuple[str, int]:
-        """('hit', slot) / ('empty', first empty slot) / ('full', -1), at most size probes."""
+        """('hit', slot) for the key (live or its tombstone); ('new', slot) for an absent key:
+        the first reusable slot (empty, or another key's tombstone) on its walk, which goes
+        on to the first empty slot to prove the key absent; ('full', -1) when no slot is
+        reusable. At most size probes."""
         home = key_hash(key) % self.size
+        reuse = -1
         for d in range(self.size):
             s = (home + d) % self.size
             if self.flags[s] == 0:
-                return "empty", s
+                return "new", s if reuse < 0 else reuse
             if self.keys[s] == key:
                 return "hit", s
-        return "full", -1
+            if self.flags[s] & EVICTED and reuse < 0:
+                reuse = s
+        return ("new", reuse) if reuse >= 0 else ("full", -1)
 
     def live_slot(self, key: int) -> int:
         kind, s = self.probe(key)
         return s if kind == "hit" and not self.flags[s] & EVICTED else -1
+
+    def _take(self, s: int, key: int) -> None:
+        """A new key in slot ``s`` (empty or a tombstone): counter 0, row kept."""
+        self.keys[s], self.counters[s], self.flags[s] = key, 0, VALID
 
     # -- operations -----------------------------------------------------------------------
     def find(self, keys, default_value=0.0):
@@ -84,7 +95,8 @@ class RefTable:
 
     def lookup_or_insert(self, keys, filter_mode="no_filter", filter_freq=0,
                          default_key_or_value=False, default_key=0, default_value=0.0,
-                         filter_key_flag=False, filter_key=-1):
+                         filter_key_flag=False, filter_key=-1, step=None):
+        self.clock = (self.clock + 1 if step is None else int(step)) % 2**32
         n = len(keys)
         rows = np.full((n, self.dim), default_value, np.float32)
         info = {"slots": np.full(n, -1), "admitted": np.zeros(n, bool), "inserted": 0,
@@ -100,12 +112,15 @@ class RefTable:
                 info["unplaced"] += 1
                 self.dropped += 1
                 continue
-            if kind == "empty" or self.flags[s] & EVICTED:
-                self.keys[s], self.flags[s] = k, VALID
+            if kind == "new" or self.flags[s] & EVICTED:
+                if kind == "new":
+                    self._take(s, k)
+                self.flags[s] = VALID
                 info["inserted"] += 1
                 self.live += 1
                 self.not_exported += 1
             self.counters[s] += 1
+            self.last_access[s] = self.clock
             info["slots"][i] = s
             if filter_mode == "counter":
                 if self.flags[s] & FILTER or self.counters[s] >= filter_freq:
@@ -144,8 +159,8 @@ class RefTable:
                 info["unplaced"] += 1
                 self.dropped += 1
                 continue
-            if kind == "empty":
-                self.keys[s] = k
+            if kind == "new":
+                self._take(s, k)
                 self.live += 1
                 info["inserted"] += 1
             elif self.flags[s] & EVICTED:
@@ -156,6 +171,7 @@ class RefTable:
             self.counters[s] = int(counters[i])
             self.flags[s] = VALID | EXPORT | (FILTER if filter_flags[i] else 0)
             self.values[s] = values[i]
+            self.last_access[s] = self.clock
         return info
 
     def evict(self, keys, init_mode="constant", const_val=0.0, sampled_values=None):
@@ -163,12 +179,15 @@ class RefTable:
             s = self.live_slot(k)
             if s < 0:
                 continue
-            if not self.flags[s] & EXPORT:
-                self.not_exported -= 1
-            self.flags[s] |= EVICTED
-            self.counters[s] = 0
-            self.live -= 1
-            self.values[s] = const_val if init_mode == "constant" else sampled_values[i]
+            self._tombstone(s, const_val if init_mode == "constant" else sampled_values[i])
+
+    def _tombstone(self, s: int, row) -> None:
+        if not self.flags[s] & EXPORT:
+            self.not_exported -= 1
+        self.flags[s] |= EVICTED
+        self.counters[s] = self.last_access[s] = 0
+        self.live -= 1
+        self.values[s] = row
 
     def resize(self, new_values: np.ndarray) -> "RefTable":
         new = RefTable(new_values)
@@ -176,14 +195,15 @@ class RefTable:
             if not self.flags[s] & VALID or self.flags[s] & EVICTED:
                 continue  # tombstones are not carried over
             kind, t = new.probe(self.keys[s])
-            if kind != "empty":
+            if kind != "new":
                 new.dropped += 1
                 continue
             new.keys[t], new.counters[t] = self.keys[s], self.counters[s]
-            new.flags[t] = self.flags[s]
+            new.flags[t], new.last_access[t] = self.flags[s], self.last_access[s]
             new.values[t] = self.values[s]
         new.live, new.not_exported = self.live, self.not_exported
         new.dropped += self.dropped
+        new.clock = self.clock
         return new
 
     @classmethod
@@ -192,15 +212,18 @@ class RefTable:
         snap = table_snapshot(table)
         ref = cls(snap["values"])
         ref.keys, ref.counters = snap["keys"].tolist(), [int(c) for c in snap["counters"]]
-        ref.flags = snap["flags"].tolist()
+        ref.flags, ref.last_access = snap["flags"].tolist(), snap["last_access"].tolist()
         ref.live, ref.not_exported, ref.dropped = snap["live"], snap["not_exported"], snap["dropped"]
+        ref.clock = snap["clock"]
         return ref
 
     def snapshot(self) -> dict:
         return {"keys": np.array(self.keys, np.int64),
                 "counters": np.array(self.counters, np.uint64),
                 "flags": np.array(self.flags, np.uint8), "values": self.values.copy(),
-                "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped}
+                "last_access": np.array(self.last_access, np.uint32),
+                "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped,
+                "clock": self.clock}
 
 
 class RefAdamW:
@@ -245,12 +268,14 @@ def table_snapshot(table) -> dict:
     return {"keys": to_host_int64(Words64(table.key_lo, table.key_hi)),
             "counters": to_host_int64(Words64(table.counter_lo, table.counter_hi), signed=False),
             "flags": np.asarray(table.flags), "values": np.asarray(table.values),
+            "last_access": np.asarray(table.last_access),
             "live": int(table.live), "not_exported": int(table.not_exported),
-            "dropped": int(table.dropped)}
+            "dropped": int(table.dropped), "clock": int(table.clock)}
 
 
 def assert_same_table(table, ref: RefTable, rtol: float = 0.0) -> None:
-    """Every slot's key, counter, flags and row, and the three counts, agree exactly
+    """Every slot's key, counter, flags, last access and row, the three counts and the
+    clock agree exactly
     (rows within ``rtol`` when float arithmetic such as AdamW has touched them)."""
     import chex
 

@@ -18,11 +18,12 @@ PUBLIC = {
     ],
     "jaxops.hashtable": [
         "AdamWState", "CheckpointError", "Counter64", "EVICTED", "EXPORT", "ExportChunk",
-        "FILTER", "HashTable", "ImportInfo", "LOAD_POLICIES", "LookupInfo", "VALID", "Words64",
-        "adam_w_init", "apply_adam_w", "as_words", "compact", "evict", "export",
-        "export_chunks", "find", "from_cann_bytes", "gather", "handle_counters", "home_slot",
-        "import_", "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
-        "murmur3_x86_32", "optim", "resize", "row_bytes", "save", "set_load_policy",
+        "FILTER", "HashTable", "ImportInfo", "LOAD_POLICIES", "LookupInfo", "SlotScores",
+        "VALID", "Words64", "adam_w_init", "apply_adam_w", "as_words", "compact",
+        "counter_below", "evict", "evict_if", "evict_lowest", "export", "export_chunks", "find",
+        "from_cann_bytes", "gather", "handle_counters", "home_slot", "import_", "init_table",
+        "join_words", "load", "locate", "lookup", "lookup_or_insert", "murmur3_x86_32",
+        "not_seen_for", "optim", "resize", "row_bytes", "save", "set_load_policy",
         "to_cann_bytes", "to_host_int64",
     ],
     "tracing": [

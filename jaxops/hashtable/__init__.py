@@ -21,6 +21,8 @@ from jaxops.ops.hashtable.load import LOAD_POLICIES, set_load_policy
 from jaxops.ops.hashtable.lookup import LookupInfo, find, locate, lookup, lookup_or_insert
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
 from jaxops.ops.hashtable.resize import compact, resize
+from jaxops.ops.hashtable.scored import (SlotScores, counter_below, evict_if, evict_lowest,
+                                         not_seen_for)
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, Counter64, HashTable,
                                         Words64, as_words, join_words, to_host_int64)
 
@@ -28,10 +30,10 @@ from jaxops.hashtable import optim  # noqa: E402,F401  (jaxops.hashtable.optim, 
 
 __all__ = [
     "AdamWState", "CheckpointError", "Counter64", "EVICTED", "EXPORT", "ExportChunk", "FILTER",
-    "HashTable", "ImportInfo", "LOAD_POLICIES", "LookupInfo", "VALID", "Words64",
-    "adam_w_init", "apply_adam_w", "as_words", "compact", "evict", "export", "export_chunks",
-    "find", "from_cann_bytes", "gather", "handle_counters", "home_slot", "import_",
-    "init_table", "join_words", "load", "locate", "lookup", "lookup_or_insert",
-    "murmur3_x86_32", "optim", "resize", "row_bytes", "save", "set_load_policy",
-    "to_cann_bytes", "to_host_int64",
+    "HashTable", "ImportInfo", "LOAD_POLICIES", "LookupInfo", "SlotScores", "VALID", "Words64",
+    "adam_w_init", "apply_adam_w", "as_words", "compact", "counter_below", "evict", "evict_if",
+    "evict_lowest", "export", "export_chunks", "find", "from_cann_bytes", "gather",
+    "handle_counters", "home_slot", "import_", "init_table", "join_words", "load", "locate",
+    "lookup", "lookup_or_insert", "murmur3_x86_32", "not_seen_for", "optim", "resize",
+    "row_bytes", "save", "set_load_policy", "to_cann_bytes", "to_host_int64",
 ]

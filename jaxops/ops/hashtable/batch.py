@@ -63,34 +63,47 @@ class Placement(NamedTuple):
 
     Attributes:
         slot: int32 ``[N]``: each key's slot (tombstones included), -1 where it has none.
-        old_flags: uint8 ``[N]``: the flags the slot had before (0 for a placed key).
-        key_lo, flags: the table's arrays with placement scratch in every newly placed slot
-            (see :func:`~jaxops.ops.hashtable.probe.place_new_keys`): write the placed keys'
-            words and flags into these, never into the table's originals (that would cost
-            XLA a full copy of each).
+        old_flags: uint8 ``[N]``: the flags the slot had before when it held the key (its
+            own tombstone included); 0 for a key placed in an empty slot or another key's
+            tombstone.
+        placed: bool ``[N]``: the slot was decided by
+            :func:`~jaxops.ops.hashtable.probe.place_new_keys`; the caller must write the
+            key's words and flags there.
+        key_lo, flags: the table's arrays with placement scratch in every placed slot: write
+            the placed keys' words and flags into these, never into the table's originals
+            (that would cost XLA a full copy of each).
     """
 
     slot: jax.Array
     old_flags: jax.Array
+    placed: jax.Array
     key_lo: jax.Array
     flags: jax.Array
 
 
 def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: jax.Array
                   ) -> Placement:
-    """The slot of each active key: where it is (tombstones included), else where it is
-    inserted — absent keys in order of first occurrence; -1 where the table is full.
+    """The slot of each active key: where it is, else where it is inserted — absent keys in
+    order of first occurrence, each in the first reusable slot (empty, or another key's
+    tombstone) its probe met; -1 where the table is full. A key finding its own tombstone
+    revives it in place unless an earlier key of the batch reused that tombstone (see
+    :mod:`~jaxops.ops.hashtable.probe`).
 
     ``first`` is :func:`first_occurrences` of the batch over (at least) the active keys.
     Only slots are decided; writing the keys into them is the caller's job.
     """
     size, n = table.bucket_size, batch.home.shape[0]
-    found, dist, found_flags = find_slots(table, batch.words, active)
-    new = active & (found < 0) & (dist < size)
-    placed, key_lo, flags = place_new_keys(table.key_lo, table.flags, batch.home, dist,
-                                           new & (first == jnp.arange(n, dtype=jnp.int32)))
-    slot = jnp.where(found >= 0, found, jnp.where(new, take(placed, first), -1))
-    return Placement(slot, jnp.where(found >= 0, found_flags, jnp.uint8(0)), key_lo, flags)
+    found, dist, found_flags, reuse = find_slots(table, batch.words, active, track_reuse=True)
+    tomb = (found >= 0) & ((found_flags & EVICTED) != 0)
+    start = jnp.minimum(reuse, dist)  # the first reusable slot the walk met
+    to_place = active & ((found < 0) | tomb)
+    lead = to_place & (first == jnp.arange(n, dtype=jnp.int32))
+    placed_at, key_lo, flags = place_new_keys(table.key_lo, table.flags, batch.home, start, lead,
+                                              jnp.where(tomb, dist, -1))
+    slot = jnp.where(to_place, take(placed_at, first), jnp.where(active, found, -1))
+    kept = (found >= 0) & (slot == found)  # live, or a tombstone revived in place
+    return Placement(slot, jnp.where(kept, found_flags, jnp.uint8(0)), to_place & (slot >= 0),
+                     key_lo, flags)
 
 
 def group_first(words: Words64, member: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.host_chunks import HostRows
-from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter
 
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]
@@ -74,7 +74,8 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
     """The exact inverse of :func:`to_cann_bytes` (a flat buffer is accepted too).
 
     EVICTED is also read from byte 20, where CANN's lookup and evict kernels keep it. The
-    live / not-exported counts are recounted from the flags; ``dropped`` starts at 0.
+    live / not-exported counts are recounted from the flags; ``dropped``, ``clock`` and every
+    ``last_access`` (not in CANN's bucket) start at 0.
 
     Raises:
         OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
@@ -88,8 +89,9 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
                               f"{embedding_dim})", f"{buf.dtype} of shape {buf.shape}")
     rows = parse_cann_rows(buf.reshape(-1, width), embedding_dim, op)
     live, not_exported = live_counts(rows.flags)
-    return HashTable(*(jnp.asarray(f) for f in rows), jnp.int32(live), jnp.int32(not_exported),
-                     jnp.int32(0))
+    return HashTable(*(jnp.asarray(f) for f in rows[:6]),
+                     last_access=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live), not_exported=jnp.int32(not_exported),
+                     dropped=as_counter(0), clock=jnp.zeros((), jnp.uint32))
 
 
 def live_counts(flags: np.ndarray) -> tuple[int, int]:

@@ -25,10 +25,12 @@ from jaxops.ops.hashtable.table import EVICTED, EXPORT, HashTable, Words64, as_w
 
 def evict(table: HashTable, keys: Any, *, init_mode: str = "constant", const_val: float = 0.0,
           sampled_values: jax.Array | None = None) -> HashTable:
-    """Present, non-evicted keys become tombstones: EVICTED set, counter 0, row reset.
+    """Present, non-evicted keys become tombstones: EVICTED set, counter and ``last_access``
+    0, row reset.
 
-    The key stays in its slot (probe chains stay intact) and only the same key can take the
-    slot again (:func:`lookup_or_insert` revives it as a new key). Absent keys and repeats
+    The key stays in its slot (probe chains stay intact); the same key revives it as a new
+    key (:func:`lookup_or_insert`), and, beyond CANN, a new key whose probe proved it absent
+    may take the slot (CANN reuses it only for the same key). Absent keys and repeats
     are no-ops. The live count drops by one per tombstone, the not-exported count only for
     keys never exported (CANN lowers it unconditionally and keeps EVICTED in byte 20 of the
     bucket while export tests byte 23; here the flag byte is one).
@@ -75,6 +77,7 @@ def _evict_kernel(table: HashTable, words: Words64, sampled_values, *, init_mode
         flags=set_rows(table.flags, slot, old | jnp.uint8(EVICTED), lead),
         counter_lo=set_rows(table.counter_lo, slot, zero, lead),
         counter_hi=set_rows(table.counter_hi, slot, zero, lead),
+        last_access=set_rows(table.last_access, slot, zero, lead),
         values=set_rows(table.values, slot, rows, lead),
         live=table.live - jnp.sum(lead, dtype=jnp.int32),
         not_exported=table.not_exported - jnp.sum(lead & ((old & EXPORT) == 0), dtype=jnp.int32)),)

@@ -37,11 +37,14 @@ __all__ = ["CHUNK_BYTES", "HostRows", "TableWriter", "chunk_slots_for", "iter_ho
 #: save, load or export, far below the 256 MiB they are allowed.
 CHUNK_BYTES = 16 << 20
 
-_FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values")
+_FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values", "last_access")
 
 
 class HostRows(NamedTuple):
-    """Slots of a table as host numpy arrays (the per-slot fields of :class:`HashTable`)."""
+    """Slots of a table as host numpy arrays (the per-slot fields of :class:`HashTable`).
+
+    ``last_access`` is not part of CANN's bucket; ``None`` reads as zeros.
+    """
 
     key_lo: np.ndarray
     key_hi: np.ndarray
@@ -49,15 +52,16 @@ class HostRows(NamedTuple):
     counter_hi: np.ndarray
     flags: np.ndarray
     values: np.ndarray
+    last_access: np.ndarray | None = None
 
 
 def chunk_slots_for(embedding_dim: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Slots per chunk so that one chunk of a dim-``embedding_dim`` table is ~``chunk_bytes``.
 
     >>> chunk_slots_for(64)
-    61455
+    60567
     """
-    per_slot = 17 + 4 * int(embedding_dim)  # four uint32 words, the flag byte, the row
+    per_slot = 21 + 4 * int(embedding_dim)  # five uint32 words, the flag byte, the row
     return max(1, int(chunk_bytes) // per_slot)
 
 
@@ -79,7 +83,7 @@ def iter_host_chunks(table: HashTable, chunk_slots: int) -> Iterator[tuple[int, 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _blank(bucket_size: int, embedding_dim: int) -> tuple:
     return tuple(jnp.zeros(bucket_size, dt) for dt in (jnp.uint32,) * 4 + (jnp.uint8,)) \
-        + (jnp.zeros((bucket_size, embedding_dim), jnp.float32),)
+        + (jnp.zeros((bucket_size, embedding_dim), jnp.float32), jnp.zeros(bucket_size, jnp.uint32))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -98,9 +102,21 @@ class TableWriter:
 
     def write(self, start: int, rows: HostRows) -> None:
         """Writes ``rows`` at slots ``[start, start + len(rows.flags))``."""
+        if rows.last_access is None:
+            rows = rows._replace(last_access=np.zeros(rows.flags.shape, np.uint32))
         self._fields = _put(self._fields, tuple(rows), jnp.int32(start))
 
-    def finish(self, *, live: int, not_exported: int, dropped: int) -> HashTable:
+    def write_last_access(self, start: int, last_access: np.ndarray) -> None:
+        """Writes only ``last_access`` at slots ``[start, start + len(last_access))``."""
+        *rest, column = self._fields
+        (column,) = _put((column,), (np.asarray(last_access, np.uint32),), jnp.int32(start))
+        self._fields = (*rest, column)
+
+    def finish(self, *, live: int, not_exported: int, dropped: int, clock: int = 0,
+               max_load_factor: float = 0.9, load_policy: str = "error") -> HashTable:
         """The finished table with its counts (the writer must not be used after)."""
         fields, self._fields = self._fields, None
-        return HashTable(*fields, jnp.int32(live), jnp.int32(not_exported), as_counter(dropped))
+        return HashTable(**dict(zip(_FIELDS, fields)), live=jnp.int32(live),
+                         not_exported=jnp.int32(not_exported), dropped=as_counter(dropped),
+                         clock=jnp.uint32(clock), max_load_factor=max_load_factor,
+                         load_policy=load_policy)

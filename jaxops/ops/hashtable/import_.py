@@ -19,7 +19,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is_last, key_batch,
                                         set_rows)
-from jaxops.ops.hashtable.load import apply_load_policy
+from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
@@ -52,7 +52,9 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
     the old flags; here the entry is overwritten, so a tombstone comes back live). A key
     new to the table (or a revived tombstone) adds 1 to the live count; an existing key not
     yet exported lowers the not-exported count. Duplicate keys: the last entry wins; new
-    keys take slots in order of first occurrence.
+    keys take slots in order of first occurrence (an empty slot or another key's tombstone,
+    as in :func:`~jaxops.ops.hashtable.lookup.lookup_or_insert`). Each written slot's
+    ``last_access`` becomes the table's ``clock`` (not advanced: an import is not a step).
 
     Args:
         table: the table.
@@ -81,7 +83,13 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
                               f"shape {tuple(rows.shape)}")
     flat = lambda w: Words64(w.lo.reshape(-1), w.hi.reshape(-1))  # noqa: E731
     args = (flat(words), flat(count_words), flags, rows.reshape(n, table.embedding_dim))
-    return apply_load_policy(op, table, IMPORT(table, *args), lambda grown: IMPORT(grown, *args))
+    return insert_under_policy(op, table, n, lambda t: _count_new(t, args[0]),
+                               lambda t: IMPORT(t, *args))
+
+
+@jax.jit
+def _count_new(table: HashTable, words: Words64):
+    return count_new_keys(table, words, jnp.ones(words.lo.shape, bool))
 
 
 @IMPORT.kernel("xla")
@@ -108,6 +116,8 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
         counter_hi=set_rows(table.counter_hi, slot, counters.hi, last),
         flags=set_rows(place.flags, slot, flags, last),
         values=set_rows(table.values, slot, values, last),
+        last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
+                             last),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     return table, ImportInfo(slot, inserted, unplaced, table.live > table.max_live)

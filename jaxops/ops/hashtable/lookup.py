@@ -29,7 +29,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
                                         key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
-from jaxops.ops.hashtable.load import apply_load_policy
+from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
@@ -104,14 +104,22 @@ def find(table: HashTable, keys: Any, *, default_value: float = 0.0
 def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filter",
                      filter_freq: int = 0, default_key_or_value: bool = False,
                      default_key: int = 0, default_value: float = 0.0,
-                     filter_key_flag: bool = False, filter_key: int = -1
+                     filter_key_flag: bool = False, filter_key: int = -1,
+                     step: Any = None, donate: bool = False
                      ) -> tuple[HashTable, jax.Array, LookupInfo]:
     """Rows of ``keys``, inserting absent keys (CANN EmbeddingHashTableLookupOrInsert).
 
-    Every occurrence adds 1 to its key's counter. A new key takes the row already in its
-    slot (from :func:`init_table` or an eviction) and counts as an insert (live and
-    not-exported counts +1); so does a tombstone of the same key, which comes back as new
-    (EVICTED, EXPORT and FILTER cleared). See the module docstring for the batch order.
+    Every occurrence adds 1 to its key's counter. A new key takes the first reusable slot
+    its probe met (an empty slot, or — beyond CANN — another key's tombstone) with the row
+    already there (from :func:`init_table` or an eviction) and counter 0, and counts as an
+    insert (live and not-exported counts +1); so does a tombstone of the same key, which
+    comes back as new (EVICTED, EXPORT and FILTER cleared). See the module docstring for
+    the batch order.
+
+    Beyond CANN each call is a step of the table's clock: ``table.clock`` becomes ``step``
+    (default: the old clock + 1) and every slot the call touches (keys that got a slot,
+    admitted or not) gets ``last_access = table.clock``, the score of LRU eviction
+    (:func:`~jaxops.ops.hashtable.scored.evict_lowest`).
 
     Args:
         table: the table.
@@ -129,6 +137,14 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
             table full).
         filter_key_flag: whether ``filter_key`` is special.
         filter_key: the special key.
+        step: the clock value of this call, an int in ``[0, 2**32)`` or a uint32-castable
+            scalar array (e.g. the training step); it should not decrease (ages are
+            ``clock - last_access`` modulo 2**32). Default: ``table.clock + 1``.
+        donate: eagerly, hand the table's buffers to the call so that the new table is
+            written in place — no copy of the table, which a table larger than half the
+            memory needs. ``table`` is consumed: its arrays are deleted, and only the
+            returned table may be used. Inside ``jit`` donation is the outer jit's
+            (``donate_argnums``) and this flag changes nothing.
 
     Returns:
         ``(table, values, info)``: the new table, float32 ``keys.shape + (dim,)`` rows
@@ -136,24 +152,73 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
         no free slot get ``default_value``, are counted in ``info.unplaced`` and in
         ``table.dropped`` — never dropped silently. A call that would leave more than
         ``table.max_live`` live keys applies the table's load policy
-        (:mod:`~jaxops.ops.hashtable.load`: raise, or grow the table, eagerly; inside
-        ``jit`` ``info.over_limit``).
+        (:mod:`~jaxops.ops.hashtable.load`: raise, grow the table or evict by score,
+        eagerly and before the insert; inside ``jit`` ``info.over_limit``).
+
+    >>> import numpy as np, jaxops.hashtable as ht
+    >>> t = ht.init_table(16, 2, initializer_mode="constant")
+    >>> t, rows, info = ht.lookup_or_insert(t, np.array([3, 4], np.int64), step=7, donate=True)
+    >>> int(t.clock), np.asarray(t.last_access)[np.asarray(info.slots)].tolist()
+    (7, [7, 7])
     """
     op = LOOKUP_OR_INSERT.name
     table = check_table(op, table)
     if not 0 <= int(filter_freq) < 2**31:
         raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
+    if isinstance(step, (int, np.integer)) and not 0 <= int(step) < 2**32:
+        raise OpArgumentError(op, "step", "an int in [0, 2**32)", repr(step))
     words = as_words(keys, op, "keys")
-    attrs = dict(filter_mode=filter_mode, filter_freq=filter_freq,
-                 default_key_or_value=default_key_or_value, default_key=default_key,
-                 default_value=default_value, filter_key_flag=filter_key_flag,
-                 filter_key=filter_key)
-    new_table, rows, info = apply_load_policy(
-        op, table, LOOKUP_OR_INSERT(table, words, **attrs),
-        lambda grown: LOOKUP_OR_INSERT(grown, words, **attrs))
+    attrs = tuple(dict(filter_mode=filter_mode, filter_freq=filter_freq,
+                       default_key_or_value=default_key_or_value, default_key=default_key,
+                       default_value=default_value, filter_key_flag=filter_key_flag,
+                       filter_key=filter_key).items())
+    if isinstance(step, (int, np.integer)):
+        step = np.uint32(step)
+    step = None if step is None else jnp.asarray(step)
+    tracing = isinstance(table.live, jax.core.Tracer)
+    insert = _insert_donated if donate and not tracing else _insert
+    new_table, rows, info = insert_under_policy(
+        op, table, int(np.prod(words.shape)),
+        lambda t: _count_new(t, words, attrs=attrs),
+        lambda t: insert(t, words, step, attrs=attrs), donate=donate and not tracing)
     shape = words.shape
     return (new_table, rows.reshape(*shape, table.embedding_dim),
             info._replace(slots=info.slots.reshape(shape), admitted=info.admitted.reshape(shape)))
+
+
+def _insert_fn(table: HashTable, words: Words64, step, *, attrs):
+    clock = table.clock + np.uint32(1) if step is None else step.astype(jnp.uint32)
+    return LOOKUP_OR_INSERT(table.replace(clock=clock), words, **dict(attrs))
+
+
+_insert = jax.jit(_insert_fn, static_argnames="attrs")
+_insert_donated = jax.jit(_insert_fn, static_argnames="attrs", donate_argnums=0)
+
+
+@functools.partial(jax.jit, static_argnames="attrs")
+def _count_new(table: HashTable, words: Words64, *, attrs):
+    attrs = dict(attrs)
+    flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
+    flat, skip = _effective_keys(flat, attrs["filter_key_flag"], attrs["filter_key"],
+                                 attrs["default_key_or_value"], attrs["default_key"])
+    return count_new_keys(table, flat, ~skip)
+
+
+def _effective_keys(words: Words64, filter_key_flag, filter_key, default_key_or_value,
+                    default_key) -> tuple[Words64, jax.Array]:
+    """The keys a call works on (``filter_key`` replaced by ``default_key`` where asked) and
+    the mask of the occurrences it skips (``filter_key`` answered with the default value)."""
+    skip = jnp.zeros(words.lo.shape, bool)
+    if filter_key_flag:
+        f_lo, f_hi = _const_words(filter_key)
+        is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
+        if default_key_or_value:
+            d_lo, d_hi = _const_words(default_key)
+            words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
+                            jnp.where(is_filter_key, d_hi, words.hi))
+        else:
+            skip = is_filter_key
+    return words, skip
 
 
 def _const_words(value: int) -> tuple[np.uint32, np.uint32]:
@@ -174,17 +239,8 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
                       default_key_or_value, default_key, default_value, filter_key_flag,
                       filter_key):
     size = table.bucket_size
-    n = words.lo.shape[0]
-    skip = jnp.zeros(n, bool)
-    if filter_key_flag:
-        f_lo, f_hi = _const_words(filter_key)
-        is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
-        if default_key_or_value:
-            d_lo, d_hi = _const_words(default_key)
-            words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
-                            jnp.where(is_filter_key, d_hi, words.hi))
-        else:
-            skip = is_filter_key
+    words, skip = _effective_keys(words, filter_key_flag, filter_key, default_key_or_value,
+                                  default_key)
     batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
     valid = ~skip
     first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
@@ -195,9 +251,11 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
     # One writer per slot: the slot's first occurrence, carrying the slot's totals.
     lead = is_first(first, placed)
     at = jnp.maximum(slot, 0)
-    fresh = (old_flags & VALID) == 0
+    fresh = (old_flags & VALID) == 0  # an empty slot or another key's tombstone: counter 0
+    zero = jnp.zeros_like(at, dtype=jnp.uint32)
+    before = Words64(jnp.where(fresh, zero, take(table.counter_lo, at)),
+                     jnp.where(fresh, zero, take(table.counter_hi, at)))
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
-    before = Words64(take(table.counter_lo, at), take(table.counter_hi, at))
     after = add_to_words(before, group_count(first, placed))
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
     admitted = placed
@@ -213,13 +271,15 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
     unplaced = jnp.sum(valid & (slot < 0), dtype=jnp.int32)
     # Only what changes is written: a present key's words (and mostly its flags) stay, and
     # each skipped write is one random memory access fewer in a table larger than the caches.
-    new_key = lead & (old_flags == 0)
+    new_key = lead & place.placed
     new_table = table.replace(
         key_lo=set_rows(place.key_lo, slot, batch.words.lo, new_key),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, new_key),
         counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
         counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
         flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
+        last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
+                             lead),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)

@@ -1,18 +1,27 @@
 """The three parallel walks every table operation is built from.
 
 - :func:`find_slots`: each key walks linear probing from its home slot until it meets its
-  key or an empty slot (at most ``bucket_size`` probes).
+  key or an empty slot (at most ``bucket_size`` probes); tombstones (EVICTED) of other keys
+  are walked past, so a key is proved absent only at an empty slot.
 - :func:`first_occurrences`: in-batch deduplication; every key learns the index of the
   first occurrence of the same key in the batch.
 - :func:`place_new_keys`: inserts distinct absent keys so that the table is exactly the one
   a sequential loop inserting them **in ascending index order** would build.
 
-How the insertion reproduces the sequential order: every pending key walks its probe
-sequence; at a slot that is free in the table it proposes itself, and the slot keeps the
-lowest index that ever proposed (a scatter-min). A key that finds the slot owned by a lower
-index walks on; a key that takes a slot from a higher index displaces it, and the displaced
-key walks on from the next slot. When nothing moves any more, every key sits at the first
-slot of its probe sequence not taken by the table or by a lower index — which, by induction
+The sequential loop: key ``k`` walks its probe sequence to its own key (live, or its own
+tombstone, which it revives in place) or, proved absent, takes the **first reusable slot**
+on that walk — an empty slot or another key's tombstone (tombstone reuse is beyond CANN,
+where a tombstone is reusable only by its own key and evicted slots are never reclaimed).
+
+How the insertion reproduces the sequential order: every pending key walks its reusable
+slots in probe order, from the first one its probe met; at a slot that is reusable in the
+table it proposes itself, and the slot keeps the lowest index that ever proposed (a
+scatter-min). A key that finds the slot owned by a lower index walks on; a key that takes a
+slot from a higher index displaces it, and the displaced key walks on from the next slot. A
+key reviving its own tombstone proposes only there first; if a lower index takes the
+tombstone (in the loop that key came first and reused it), the key is absent by its turn
+and walks from the first reusable slot its probe met. When nothing moves any more, every
+key sits at the first slot of its sequence not taken by a lower index — which, by induction
 over the indices, is exactly where the sequential loop puts it. A key that walked all
 ``bucket_size`` slots without a place is reported unplaced (the table is full for it).
 
@@ -23,6 +32,10 @@ over the indices, is exactly where the sequential loop puts it. A key that walke
 ...                              jnp.ones(3, bool))
 >>> slots.tolist()
 [2, 3, 0]
+>>> tomb = jnp.array([0, 1 | 8, 0, 0], jnp.uint8)  # slot 1 is another key's tombstone
+>>> place_new_keys(jnp.zeros(4, jnp.uint32), tomb, home, jnp.zeros(3, jnp.int32),
+...                jnp.ones(3, bool))[0].tolist()
+[1, 2, 3]
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import numpy as np
 
 from jaxops.ops.hashtable.lanes import drain, retired_values
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
-from jaxops.ops.hashtable.table import HashTable, Words64
+from jaxops.ops.hashtable.table import EVICTED, HashTable, Words64
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)  # owner of a slot no pending key holds
 _NOBODY_WORD = np.uint32(_NOBODY)
@@ -58,8 +71,8 @@ def probe_slot(home: jax.Array, dist: jax.Array, bucket_size: int) -> jax.Array:
     return jnp.where(s >= np.uint32(bucket_size), s - np.uint32(bucket_size), s).astype(jnp.int32)
 
 
-def find_slots(table: HashTable, words: Words64, active: jax.Array
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse: bool = False
+               ) -> tuple[jax.Array, ...]:
     """Walks each active key from its home slot to its key or the first empty slot.
 
     The walk moves a window of :data:`WINDOW` slots per round (see :func:`_window_step`):
@@ -73,16 +86,22 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array
         ``(slot, dist, flags)``: int32 ``[N]`` ``slot`` holds the key (tombstones included)
         or is -1; int32 ``dist`` is the number of slots passed before the walk stopped,
         ``bucket_size`` when it passed them all (the key is absent and the table has no
-        empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1).
+        empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1). With
+        ``track_reuse`` also int32 ``reuse``: the distance of the first tombstone of another
+        key the walk passed (``bucket_size``: none).
     """
     n = active.shape[0]
     slot, dist, flags = jnp.full(n, -1, jnp.int32), jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.uint8)
     lanes = {"lo": words.lo, "hi": words.hi, "dist": dist, "slot": slot, "flags": flags}
+    names = ("slot", "dist", "flags")
+    if track_reuse:
+        lanes["reuse"] = jnp.full(n, table.bucket_size, jnp.int32)
+        names += ("reuse",)
     # Few keys walk long (runs of used slots in a crowded table): the later, narrower
     # stages read wider windows, so the long walks take few rounds.
     _, stages = drain(lanes, active, functools.partial(_window_step, table, n), None, shrink=16,
                       min_lanes=64, peel=True)
-    return tuple(retired_values(stages, name) for name in ("slot", "dist", "flags"))
+    return tuple(retired_values(stages, name) for name in names)
 
 
 def _window_step(table: HashTable, n: int, lanes, active, carry):
@@ -118,11 +137,18 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     found = stopped & ~empty & (take(table.key_hi, pos) == lanes["hi"])
     # Slots passed: up to the stop, past a key sharing only the low word, or the window.
     passed = jnp.where(stopped, stop_at - skip, seen - skip) + (stopped & ~empty & ~found)
-    dist = jnp.where(active, jnp.minimum(dist + passed, size), dist)
     settled = active & (empty | found)
-    lanes = {**lanes, "dist": dist, "slot": jnp.where(active & found, pos, lanes["slot"]),
-             "flags": jnp.where(active & found, flag, lanes["flags"])}
-    return lanes, active & ~settled & (dist < size), carry
+    new_lanes = {"dist": jnp.where(active, jnp.minimum(dist + passed, size), dist),
+                 "slot": jnp.where(active & found, pos, lanes["slot"]),
+                 "flags": jnp.where(active & found, flag, lanes["flags"])}
+    if "reuse" in lanes:  # the first tombstone passed (it is another key's: ours stops)
+        tomb = ((flags & EVICTED) != 0) & (k >= skip[:, None]) & (k < seen[:, None])
+        first_tomb = jnp.min(jnp.where(tomb, k, w), axis=1)
+        passed_tomb = (first_tomb < stop_at) | ((first_tomb == stop_at) & stopped & ~empty & ~found)
+        new_lanes["reuse"] = jnp.where(active & passed_tomb & (lanes["reuse"] == size),
+                                       dist + first_tomb - skip, lanes["reuse"])
+    lanes = {**lanes, **new_lanes}
+    return lanes, active & ~settled & (lanes["dist"] < size), carry
 
 
 def _window(a: jax.Array, start: jax.Array, w: int) -> jax.Array:
@@ -160,8 +186,13 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
 
 
 def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: jax.Array,
-                   pending: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                   pending: jax.Array, own: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Slots for distinct keys absent from the table, as sequential insertion in index order.
+
+    A slot is reusable when it is empty or holds a tombstone (EVICTED): the keys placed here
+    are absent from the table or revive their own tombstone, so every tombstone they meet
+    is another key's.
 
     The owner of each contested slot is kept in the table's own arrays, so the cost is
     O(batch) and nothing of the table's size is allocated (with the table donated, XLA
@@ -173,8 +204,11 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         key_lo: uint32 ``[bucket_size]``, the table's low key words.
         flags: uint8 ``[bucket_size]``, the table's flags (0: the slot is free).
         home: int32 ``[N]``, each key's home slot.
-        start: int32 ``[N]``, slots each key may skip (they are known to be occupied).
-        pending: bool ``[N]``, the keys to place (all distinct and absent from the table).
+        start: int32 ``[N]``, where each key's walk starts (distance from home): the first
+            reusable slot its probe met; the slots before it are known to be in use.
+        pending: bool ``[N]``, the keys to place (all distinct).
+        own: int32 ``[N]`` or None: for a key with a tombstone in the table, its distance
+            from home (the key tries it first, alone); -1 for the others.
 
     Returns:
         ``(slot_of, key_lo, flags)``: int32 ``[N]`` slot of each placed key (-1: not placed,
@@ -182,27 +216,30 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         caller must overwrite at every placed slot.
     """
     n, size = home.shape[0], flags.shape[0]
+    own = jnp.full(n, -1, jnp.int32) if own is None else own
 
     w = min(PLACE_WINDOW, size)
     k = jnp.arange(w, dtype=jnp.int32)
 
     def step(lanes, active, carry):
         key_lo, flags, slot_of = carry
-        me, dist = lanes["id"], lanes["dist"]
+        me, dist, reviving = lanes["id"], lanes["dist"], lanes["own"]
         mine = me.astype(jnp.uint32)
         # Each lane reads a window of slots from where it stands (as in _window_step) and
         # goes to the first one it may claim: slots the table uses, or a lower index holds,
         # stay so (a holder only ever gets lower), so passing them is what single steps do.
+        # A lane reviving its tombstone reads that one slot.
         at = probe_slot(lanes["home"], dist, size)
         wstart = jnp.minimum(at, size - w)
         skip = at - wstart
-        seen = skip + jnp.minimum(w - skip, size - dist)
+        seen = skip + jnp.where(reviving, 1, jnp.minimum(w - skip, size - dist))
 
         wflags = _window(flags, wstart, w)
         wheld = (wflags & PENDING) != 0
         wheld_by = jnp.where(wheld, _window(key_lo, wstart, w), _NOBODY_WORD)
-        open_ = ((wflags & ~PENDING) == 0) & (wheld_by > mine[:, None]) \
-            & (k >= skip[:, None]) & (k < seen[:, None])
+        base = wflags & ~PENDING
+        reusable = (base == 0) | ((base & EVICTED) != 0)
+        open_ = reusable & (wheld_by > mine[:, None]) & (k >= skip[:, None]) & (k < seen[:, None])
         stop_at = jnp.min(jnp.where(open_, k, w), axis=1)
         stopped = stop_at < w
         pick = jnp.minimum(stop_at, w - 1)
@@ -221,18 +258,26 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         slot_of = slot_of.at[jnp.where(won, me, n)].set(pos, mode="drop")
         ousted_id = jnp.where(ousted, held_by, 0).astype(jnp.int32)
         slot_of = slot_of.at[jnp.where(ousted, ousted_id, n)].set(-1, mode="drop")
-        # A winner's lane carries on with the key it ousted, from the slot after.
+        # A winner's lane carries on with the key it ousted, from the slot after; a key
+        # ousted from its own tombstone (or not getting it) walks from its start instead.
         ousted_home = take(home, ousted_id)
         back = pos - ousted_home
-        ousted_dist = jnp.where(back < 0, back + size, back) + 1
-        dist = jnp.where(ousted, ousted_dist, jnp.where(active & stopped & ~won, dist + 1, dist))
+        ousted_own = take(own, ousted_id)
+        ousted_dist = jnp.where(ousted_own == jnp.where(back < 0, back + size, back),
+                                take(start, ousted_id), jnp.where(back < 0, back + size, back) + 1)
+        lost = active & ~won
+        dist = jnp.where(lost & reviving, take(start, me),
+                         jnp.where(lost & stopped, dist + 1, dist))
+        dist = jnp.where(ousted, ousted_dist, dist)
         lanes = {"id": jnp.where(ousted, ousted_id, me), "dist": dist,
-                 "home": jnp.where(ousted, ousted_home, lanes["home"])}
+                 "home": jnp.where(ousted, ousted_home, lanes["home"]),
+                 "own": jnp.where(ousted, False, reviving & ~lost)}
         active = ((active & ~won) | ousted) & (dist < size)
         return lanes, active, (key_lo, flags, slot_of)
 
-    lanes = {"id": jnp.arange(n, dtype=jnp.int32), "dist": start, "home": home}
+    lanes = {"id": jnp.arange(n, dtype=jnp.int32), "dist": jnp.where(own >= 0, own, start),
+             "home": home, "own": own >= 0}
     carry = (key_lo, flags, jnp.full(n, -1, jnp.int32))
-    pending = pending & (start < size)
+    pending = pending & (lanes["dist"] < size)
     (key_lo, flags, slot_of), _ = drain(lanes, pending, step, carry)
     return slot_of, key_lo, flags

@@ -29,8 +29,8 @@ def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "c
            key: jax.Array | None = None) -> HashTable:
     """Rehashes every live entry into a table of ``new_bucket_size`` slots.
 
-    Keys, counters, flags (export state included), rows and the live / not-exported counts
-    are kept; entries are reinserted in ascending old-slot order. Tombstones are dropped
+    Keys, counters, flags (export state included), rows, ``last_access`` (and the table's
+    ``clock``) and the live / not-exported counts are kept; entries are reinserted in ascending old-slot order. Tombstones are dropped
     (beyond CANN, which has no resize: they only kept evicted keys' slots, and their keys are
     gone either way), so a table may shrink to its live keys. The new table's free slots get
     rows as in :func:`init_table` (the initializer arguments are passed on); the load limit
@@ -84,6 +84,7 @@ def _rehash(old: HashTable, new: HashTable) -> HashTable:
         counter_lo=put(new.counter_lo, rows=old.counter_lo),
         counter_hi=put(new.counter_hi, rows=old.counter_hi),
         flags=put(flags, rows=old.flags), values=put(new.values, rows=old.values),
+        last_access=put(new.last_access, rows=old.last_access), clock=old.clock,
         live=old.live - jnp.sum(lost_live, dtype=jnp.int32),
         not_exported=old.not_exported - jnp.sum(lost_live & ((old.flags & EXPORT) == 0),
                                                 dtype=jnp.int32),

@@ -11,7 +11,13 @@ Flag bits (the byte CANN keeps at offset 23 of a bucket):
 - ``VALID`` (0x1): the slot holds a key (CANN's "published" state is 1).
 - ``FILTER`` (0x2): the key is admitted (counter filtering, or imported with flag 1).
 - ``EXPORT`` (0x4): the entry has been exported (or imported) at least once.
-- ``EVICTED`` (0x8): tombstone: the key stays, the slot is reusable only by the same key.
+- ``EVICTED`` (0x8): tombstone: the key stays (probe chains stay intact); the same key
+  revives it, and a key whose probe proved it absent may take it (beyond CANN, where only
+  the same key reuses the slot).
+
+Beyond CANN, every slot also has a score for eviction: the access counter (LFU) and
+``last_access`` (LRU), the table's ``clock`` when a lookup last touched the slot (see
+:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` and :mod:`~jaxops.ops.hashtable.scored`).
 
 >>> import jax.numpy as jnp
 >>> t = HashTable.empty(4, 2, jnp.zeros((4, 2)))
@@ -164,10 +170,14 @@ class HashTable:
         counter_lo, counter_hi: uint32 ``[bucket_size]``, the uint64 access counter.
         flags: uint8 ``[bucket_size]``, VALID / FILTER / EXPORT / EVICTED bits.
         values: float32 ``[bucket_size, embedding_dim]``.
+        last_access: uint32 ``[bucket_size]``, the ``clock`` of the last lookup that touched
+            the slot (0: never, or a tombstone); the LRU score (not in CANN).
         live: int32 scalar, keys held and not evicted (CANN handle word 2).
         not_exported: int32 scalar, live keys never exported (CANN handle word 4).
         dropped: :class:`Counter64` (uint64), insertions so far that found no free slot
             (not in CANN); ``int(table.dropped)`` reads it.
+        clock: uint32 scalar, the step of the last ``lookup_or_insert`` (each call advances
+            it by one, or sets it to its ``step=``); wraps after 2**32 steps (not in CANN).
         max_load_factor, load_policy: static; the most live keys an insert may leave, as a
             fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
     """
@@ -178,9 +188,11 @@ class HashTable:
     counter_hi: jax.Array
     flags: jax.Array
     values: jax.Array
+    last_access: jax.Array
     live: jax.Array
     not_exported: jax.Array
     dropped: Counter64
+    clock: jax.Array
     # Static (part of the pytree's structure): see jaxops.ops.hashtable.load. Not in CANN.
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
@@ -219,7 +231,8 @@ class HashTable:
         count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
         byte = jnp.zeros((bucket_size,), jnp.uint8)
         values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
-        return cls(full(), full(), zero(), zero(), byte, values, count(), count(), Counter64.zero())
+        return cls(full(), full(), zero(), zero(), byte, values, zero(), count(), count(),
+                   Counter64.zero(), jnp.zeros((), jnp.uint32))
 
     def __repr__(self) -> str:
         return f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim})"

@@ -1,0 +1,241 @@
+"""Scored eviction (as HierarchicalKV offers it; beyond CANN): make room by score.
+
+Every live entry has two scores: its access counter (LFU: least frequently used first) and
+its age, ``table.clock - last_access`` modulo 2**32, the steps since a lookup last touched
+it (LRU: least recently used first; see
+:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` for the clock).
+
+- :func:`evict_lowest` evicts the ``n`` (or a ``fraction`` of the) live entries of lowest
+  score. Ties are broken deterministically: ``by="lru"`` orders by (age, descending;
+  counter; slot), ``by="lfu"`` by (counter; age, descending; slot) — among equal scores the
+  lower slot goes first.
+- :func:`evict_if` evicts the live entries a predicate picks, e.g. :func:`counter_below`
+  or :func:`not_seen_for` (TTL-style cleanup).
+
+Evicted entries become tombstones exactly as :func:`~jaxops.ops.hashtable.evict.evict`
+makes them (counter and ``last_access`` 0, row set to ``const_val``), and new keys reuse
+their slots. Eviction is maintenance: a pass over the table's slots (the selection is a
+32-step bisection per score word, with a few ``[bucket_size]`` masks as scratch), never a
+second copy of the rows; with ``donate=True`` the table is updated in place.
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(16, 1, initializer_mode="constant")
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([1, 2, 3, 1], np.int64))   # step 1
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([2], np.int64))            # step 2
+>>> ht.find(ht.evict_lowest(t, 1, by="lfu"), np.array([1, 2, 3], np.int64))[1].tolist()
+[True, True, False]
+>>> ht.find(ht.evict_lowest(t, 2, by="lru"), np.array([1, 2, 3], np.int64))[1].tolist()
+[False, True, False]
+>>> t = ht.evict_if(t, ht.not_seen_for(1))   # keys 1 and 3 were last seen at step 1
+>>> int(t.live)
+1
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, VALID, HashTable, Words64, as_words,
+                                        check_table)
+
+__all__ = ["SlotScores", "counter_below", "evict_if", "evict_lowest", "not_seen_for"]
+
+
+class SlotScores(NamedTuple):
+    """What an :func:`evict_if` predicate sees: one entry per slot (``[bucket_size]``).
+
+    Attributes:
+        key: the keys (:class:`~jaxops.ops.hashtable.table.Words64`).
+        counter: the access counters (Words64; ``join_words(counter, signed=False)`` is
+            uint64 with x64 on).
+        last_access: uint32, the clock of the last lookup that touched the slot.
+        age: uint32, ``clock - last_access`` modulo 2**32 (steps since then).
+        clock: uint32 scalar, the table's clock.
+    """
+
+    key: Words64
+    counter: Words64
+    last_access: jax.Array
+    age: jax.Array
+    clock: jax.Array
+
+
+def counter_below(threshold: int) -> Callable[[SlotScores], jax.Array]:
+    """A predicate for :func:`evict_if`: the access counter is below ``threshold``.
+
+    >>> import numpy as np
+    >>> s = SlotScores(None, Words64(np.uint32([1, 7]), np.uint32([0, 0])), None, None, None)
+    >>> counter_below(5)(s).tolist()
+    [True, False]
+    """
+    if not 0 <= int(threshold) < 2**64:
+        raise OpArgumentError("counter_below", "threshold", "an int in [0, 2**64)",
+                              repr(threshold))
+    t_lo, t_hi = np.uint32(int(threshold) & 0xFFFFFFFF), np.uint32(int(threshold) >> 32)
+
+    def below(scores: SlotScores) -> jax.Array:
+        c = scores.counter
+        return (c.hi < t_hi) | ((c.hi == t_hi) & (c.lo < t_lo))
+
+    return below
+
+
+def not_seen_for(steps: int) -> Callable[[SlotScores], jax.Array]:
+    """A predicate for :func:`evict_if`: no lookup touched the slot in the last ``steps``
+    steps (``age >= steps``)."""
+    if not 0 <= int(steps) < 2**32:
+        raise OpArgumentError("not_seen_for", "steps", "an int in [0, 2**32)", repr(steps))
+    return lambda scores: scores.age >= np.uint32(steps)
+
+
+def evict_lowest(table: HashTable, n: Any = None, *, fraction: float | None = None,
+                 by: str = "lru", keep: Any = None, const_val: float = 0.0,
+                 donate: bool = False) -> HashTable:
+    """Evicts the ``n`` live entries of lowest score (see the module docstring for the
+    order and its ties).
+
+    Args:
+        table: the table.
+        n: how many entries (an int, or an int32 scalar inside ``jit``); more than the
+            live entries evicts them all.
+        fraction: instead of ``n``, a fraction in ``[0, 1]`` of the live entries
+            (``floor(fraction * live)``; inside ``jit`` computed in float32).
+        by: ``"lru"`` (oldest ``last_access`` first) or ``"lfu"`` (lowest counter first).
+        keep: int32 slots never to evict (e.g. ``info.slots`` of the current batch; -1 is
+            ignored).
+        const_val: the value the evicted rows get.
+        donate: update ``table`` in place; it is consumed (see ``lookup_or_insert``).
+
+    Returns:
+        The new table.
+    """
+    op = "evict_lowest"
+    table = check_table(op, table)
+    if by not in ("lru", "lfu"):
+        raise OpArgumentError(op, "by", "'lru' or 'lfu'", repr(by))
+    if (n is None) == (fraction is None):
+        raise OpArgumentError(op, "n", "exactly one of n and fraction", f"n={n!r}, "
+                              f"fraction={fraction!r}")
+    if fraction is not None:
+        if not 0.0 <= float(fraction) <= 1.0:
+            raise OpArgumentError(op, "fraction", "a float in [0, 1]", repr(fraction))
+        live = table.live
+        n = (int(float(fraction) * int(live)) if not isinstance(live, jax.core.Tracer)
+             else (live.astype(jnp.float32) * np.float32(fraction)).astype(jnp.int32))
+    elif isinstance(n, (int, np.integer)) and not 0 <= int(n) < 2**31:
+        raise OpArgumentError(op, "n", "an int in [0, 2**31)", repr(n))
+    keep = jnp.full((1,), -1, jnp.int32) if keep is None else \
+        jnp.asarray(keep, jnp.int32).reshape(-1)
+    kernel = _evict_lowest_donated if donate else _evict_lowest
+    return kernel(table, jnp.asarray(n, jnp.int32), keep, by=by, const_val=float(const_val))
+
+
+def evict_if(table: HashTable, predicate: Callable[[SlotScores], jax.Array], *,
+             const_val: float = 0.0, donate: bool = False) -> HashTable:
+    """Evicts every live entry for which ``predicate`` is True.
+
+    Args:
+        table: the table.
+        predicate: ``predicate(scores: SlotScores) -> bool [bucket_size]``, vectorised over
+            the slots (traced: use ``jnp``), e.g. ``counter_below(3)``, ``not_seen_for(100)``
+            or ``lambda s: (s.age > 10) & (s.counter.lo < 5)``. Slots that are empty or
+            tombstones are never evicted, whatever it says.
+        const_val: the value the evicted rows get.
+        donate: update ``table`` in place; it is consumed (see ``lookup_or_insert``).
+    """
+    op = "evict_if"
+    table = check_table(op, table)
+    if not callable(predicate):
+        raise OpArgumentError(op, "predicate", "a function SlotScores -> bool[bucket_size]",
+                              type(predicate).__name__)
+    kernel = _evict_if_donated if donate else _evict_if
+    return kernel(table, predicate=predicate, const_val=float(const_val))
+
+
+def _live(table: HashTable) -> jax.Array:
+    return (table.flags & (VALID | EVICTED)) == VALID
+
+
+def _scores(table: HashTable) -> SlotScores:
+    return SlotScores(table.keys, table.counters, table.last_access,
+                      table.clock - table.last_access, table.clock)
+
+
+def _tombstones(table: HashTable, evicted: jax.Array, const_val: float) -> HashTable:
+    """``table`` with the live slots in ``evicted`` made tombstones (as ``evict`` does)."""
+    evicted = evicted & _live(table)
+    zero = jnp.uint32(0)
+    return table.replace(
+        flags=jnp.where(evicted, table.flags | jnp.uint8(EVICTED), table.flags),
+        counter_lo=jnp.where(evicted, zero, table.counter_lo),
+        counter_hi=jnp.where(evicted, zero, table.counter_hi),
+        last_access=jnp.where(evicted, zero, table.last_access),
+        values=jnp.where(evicted[:, None], jnp.float32(const_val), table.values),
+        live=table.live - jnp.sum(evicted, dtype=jnp.int32),
+        not_exported=table.not_exported - jnp.sum(evicted & ((table.flags & EXPORT) == 0),
+                                                  dtype=jnp.int32))
+
+
+def _evict_if_fn(table: HashTable, *, predicate, const_val):
+    picked = jnp.asarray(predicate(_scores(table)))
+    if picked.shape != (table.bucket_size,) or picked.dtype != jnp.bool_:
+        raise OpArgumentError("evict_if", "predicate", f"a bool [{table.bucket_size}] result",
+                              f"{picked.dtype} of shape {picked.shape}")
+    return _tombstones(table, picked, const_val)
+
+
+_evict_if = jax.jit(_evict_if_fn, static_argnames=("predicate", "const_val"))
+_evict_if_donated = jax.jit(_evict_if_fn, static_argnames=("predicate", "const_val"),
+                            donate_argnums=0)
+
+
+def _score_words(table: HashTable, by: str) -> list[jax.Array]:
+    """The score as uint32 words, most significant first (lower evicts first)."""
+    recency = ~(table.clock - table.last_access)  # the older, the lower
+    counter = [table.counter_hi, table.counter_lo]
+    return [recency, *counter] if by == "lru" else [*counter, recency]
+
+
+def lowest(words: list[jax.Array], candidate: jax.Array, n: jax.Array) -> jax.Array:
+    """The mask of the ``n`` candidates of lowest score (``words`` most significant first;
+    ties to the lower index). A bisection, one bit a step: ``below`` gathers the candidates
+    known to be lower than the ``n``-th score, ``tied`` those still equal to it so far.
+
+    >>> lowest([jnp.uint32([5, 1, 5, 3])], jnp.array([True, True, True, False]),
+    ...        jnp.int32(2)).tolist()
+    [True, True, False, False]
+    """
+    k = jnp.minimum(n, jnp.sum(candidate, dtype=jnp.int32))
+    below = jnp.zeros_like(candidate)
+    tied = candidate
+
+    for word in words:
+        def bit_step(i, state, word=word):
+            below, tied, k = state
+            zero = tied & (((word >> (31 - i).astype(jnp.uint32)) & 1) == 0)
+            c0 = jnp.sum(zero, dtype=jnp.int32)
+            one = c0 < k  # the n-th lowest has a 1 here: every 0 among the tied is lower
+            return (jnp.where(one, below | zero, below), jnp.where(one, tied & ~zero, zero),
+                    jnp.where(one, k - c0, k))
+
+        below, tied, k = jax.lax.fori_loop(0, 32, bit_step, (below, tied, k))
+    return below | (tied & (jnp.cumsum(tied, dtype=jnp.int32) <= k))
+
+
+def _evict_lowest_fn(table: HashTable, n, keep, *, by, const_val):
+    size = table.bucket_size
+    spared = jnp.zeros(size, bool).at[jnp.where(keep >= 0, keep, size)].set(True, mode="drop")
+    picked = lowest(_score_words(table, by), _live(table) & ~spared, jnp.maximum(n, 0))
+    return _tombstones(table, picked, const_val)
+
+
+_evict_lowest = jax.jit(_evict_lowest_fn, static_argnames=("by", "const_val"))
+_evict_lowest_donated = jax.jit(_evict_lowest_fn, static_argnames=("by", "const_val"),
+                                donate_argnums=0)
