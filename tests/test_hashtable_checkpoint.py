@@ -41,11 +41,11 @@ def _split(data: bytes):
     return json.loads(data[_PREFIX.size:end]), bytearray(data[end:])
 
 
-def _join(header: dict, payload: bytes, fix_sum: bool = True) -> bytes:
+def _join(header: dict, payload: bytes, fix_sum: bool = True, version: int = 2) -> bytes:
     if fix_sum:
         header = {**header, "sha256": hashlib.sha256(payload).hexdigest()}
     raw = json.dumps(header, sort_keys=True).encode()
-    return _PREFIX.pack(b"JXHTABLE", 1, len(raw)) + raw + bytes(payload)
+    return _PREFIX.pack(b"JXHTABLE", version, len(raw)) + raw + bytes(payload)
 
 
 def _dead_pid() -> int:
@@ -142,6 +142,44 @@ def test_round_trip_across_chunk_boundaries(tmp_path, monkeypatch, chunk, fill):
     chex.assert_trees_all_equal(table_snapshot(ht.load(tmp_path / "t.jxht")), table_snapshot(t))
 
 
+def _scored_table():
+    """A table with varied scores, a reused tombstone and a non-default load policy."""
+    t = ht.set_load_policy(ht.init_table(16, 2, initializer_mode="constant"),
+                           max_load_factor=0.75, policy="evict_lfu")
+    for step, keys in ((3, [1, 2, 3, 4, 5]), (9, [2, 3]), (2**32 - 2, [4, 6, 7])):
+        t, _, _ = ht.lookup_or_insert(t, np.array(keys, np.int64), step=step)
+    t = ht.evict(t, np.array([3], np.int64))
+    t, _, _ = ht.lookup_or_insert(t, np.arange(8, 40, dtype=np.int64)[:5])
+    return t
+
+
+def test_round_trip_keeps_scores_clock_and_load_policy(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "chunk_slots_for", lambda dim: 5)
+    t = _scored_table()
+    assert len(set(np.asarray(t.last_access).tolist())) >= 3
+    ht.save(t, tmp_path / "t.jxht")
+    back = ht.load(tmp_path / "t.jxht")
+    chex.assert_trees_all_equal(table_snapshot(back), table_snapshot(t))
+    assert (back.max_load_factor, back.load_policy) == (0.75, "evict_lfu")
+
+
+def test_version_1_files_still_load(tmp_path):
+    """A version-1 file (CANN buckets only; no clock, scores or load fields) loads with
+    last_access and clock 0 and the default load limit."""
+    path = tmp_path / "t.jxht"
+    t = _scored_table()
+    ht.save(t, path)
+    header, rows, _ = _slots(path.read_bytes())
+    for name in ("clock", "max_load_factor", "load_policy"):
+        del header[name]
+    header["payload_bytes"] = rows.size
+    path.write_bytes(_join(header, rows.tobytes(), version=1))
+    back = ht.load(path)
+    want = {**table_snapshot(t), "clock": 0, "last_access": np.zeros(16, np.uint32)}
+    chex.assert_trees_all_equal(table_snapshot(back), want)
+    assert (back.max_load_factor, back.load_policy) == (0.9, "error")
+
+
 def _reference_fault(used, home, keys):
     """Brute force: walk from each used slot's home; any empty slot before it is a fault."""
     n = len(used)
@@ -199,10 +237,12 @@ def test_probe_check_matches_brute_force(seed):
 
 
 def _slots(data):
+    """``(header, rows, tail)``: the CANN buckets as uint8 rows and the bytes after them."""
     header, payload = _split(data)
     width = ht.row_bytes(header["embedding_dim"])
-    rows = np.frombuffer(bytes(payload), np.uint8).reshape(-1, width).copy()
-    return header, rows
+    end = header["bucket_size"] * width
+    rows = np.frombuffer(bytes(payload[:end]), np.uint8).reshape(-1, width).copy()
+    return header, rows, bytes(payload[end:])
 
 
 def _home(row) -> int:
@@ -213,7 +253,7 @@ def _home(row) -> int:
 def test_load_rejects_a_key_moved_off_its_probe_path(tmp_path):
     path = tmp_path / "t.jxht"
     ht.save(_table(), path)
-    header, rows = _slots(path.read_bytes())
+    header, rows, tail = _slots(path.read_bytes())
     n = len(rows)
     used = rows[:, 16] == 1
     # A key whose home is not its slot's predecessor run: move it to the empty slot just
@@ -222,7 +262,7 @@ def test_load_rejects_a_key_moved_off_its_probe_path(tmp_path):
     home = _home(rows[s]) % n
     target = next((home - d) % n for d in range(1, n) if not used[(home - d) % n])
     rows[target], rows[s] = rows[s].copy(), rows[target].copy()
-    path.write_bytes(_join(header, rows.tobytes()))
+    path.write_bytes(_join(header, rows.tobytes() + tail))
     with pytest.raises(CheckpointError, match="unreachable"):
         ht.load(path)
 
@@ -230,14 +270,14 @@ def test_load_rejects_a_key_moved_off_its_probe_path(tmp_path):
 def test_load_rejects_a_duplicated_key(tmp_path):
     path = tmp_path / "t.jxht"
     ht.save(_table(), path)
-    header, rows = _slots(path.read_bytes())
+    header, rows, tail = _slots(path.read_bytes())
     used = rows[:, 16] == 1
     s = int(np.flatnonzero(used & ((rows[:, 23] & ht.EVICTED) == 0))[0])
     after = next((s + d) % len(rows) for d in range(1, len(rows)) if not used[(s + d) % len(rows)])
     rows[after] = rows[s]  # the same key again, reachable, counts made consistent
     header = {**header, "live": header["live"] + 1,
               "not_exported": header["not_exported"] + 1}
-    path.write_bytes(_join(header, rows.tobytes()))
+    path.write_bytes(_join(header, rows.tobytes() + tail))
     with pytest.raises(CheckpointError, match="held twice"):
         ht.load(path)
 
@@ -246,7 +286,10 @@ def test_load_rejects_a_duplicated_key(tmp_path):
     {"bucket_size": "16"}, {"bucket_size": -1}, {"bucket_size": 2**40}, {"embedding_dim": 0},
     {"embedding_dim": 3.0}, {"live": True}, {"live": 1.5}, {"not_exported": None},
     {"dropped": 2**64}, {"dropped": -1}, {"payload_bytes": "x"}, {"sha256": 5},
-    {"sha256": "z" * 64}, {"live": 2**62}, {"bucket_size": None},
+    {"sha256": "z" * 64}, {"live": 2**62}, {"bucket_size": None}, {"clock": -1},
+    {"clock": 2**32}, {"clock": None}, {"max_load_factor": 0}, {"max_load_factor": 1.5},
+    {"max_load_factor": "0.9"}, {"max_load_factor": True}, {"load_policy": "nope"},
+    {"load_policy": 3},
 ])
 def test_load_rejects_bad_header_fields(tmp_path, change):
     path = tmp_path / "t.jxht"
@@ -301,8 +344,8 @@ def test_every_damaged_byte_gives_a_checkpoint_error_or_a_valid_table(tmp_path):
 def test_load_rejects_bad_content_with_a_valid_checksum(tmp_path, damage, match):
     path = tmp_path / "t.jxht"
     ht.save(_table(), path)
-    header, rows = _slots(path.read_bytes())
+    header, rows, tail = _slots(path.read_bytes())
     damage(header, rows)
-    path.write_bytes(_join(header, rows.tobytes()))
+    path.write_bytes(_join(header, rows.tobytes() + tail))
     with pytest.raises(CheckpointError, match=match):
         ht.load(path)

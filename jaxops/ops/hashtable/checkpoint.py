@@ -2,7 +2,11 @@
 
 File layout: the 8-byte magic ``b"JXHTABLE"``, uint32 LE format version, uint32 LE header
 length, a JSON header (sizes, counts, payload length, SHA-256 of the payload), then the
-payload: the CANN bucket array (:func:`~jaxops.ops.hashtable.cann_bytes.to_cann_bytes`).
+payload: the CANN bucket array (:func:`~jaxops.ops.hashtable.cann_bytes.to_cann_bytes`),
+byte-exact, and from version 2 the uint32 LE ``last_access`` of every slot after it.
+Version 2 headers also hold the table's ``clock``, ``max_load_factor`` and ``load_policy``;
+version 1 files (no scores, no load fields) still load, with ``last_access`` and ``clock``
+0 and the default load limit and policy.
 
 Both directions move the table in chunks of about
 :data:`~jaxops.ops.hashtable.host_chunks.CHUNK_BYTES`: ``save`` never builds the byte image
@@ -35,6 +39,7 @@ from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.cann_bytes import cann_rows, live_counts, parse_cann_rows, row_bytes
 from jaxops.ops.hashtable.checkpoint_files import atomic_writer, remove_stale_temps
 from jaxops.ops.hashtable.host_chunks import TableWriter, chunk_slots_for, iter_host_chunks
+from jaxops.ops.hashtable.load import LOAD_POLICIES
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.probe_check import ProbeCheck
 from jaxops.ops.hashtable.table import MAX_BUCKET_SIZE, HashTable, check_table
@@ -42,7 +47,9 @@ from jaxops.ops.hashtable.table import MAX_BUCKET_SIZE, HashTable, check_table
 __all__ = ["MAGIC", "VERSION", "CheckpointError", "load", "save"]
 
 MAGIC = b"JXHTABLE"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)  # versions this jaxops loads
+_SCORE_BYTES = 4  # per slot, after the buckets (version 2): last_access
 _PREFIX = struct.Struct("<8sII")
 _MAX_HEADER = 1 << 16  # today's headers are ~200 bytes; more is a corrupt length word
 _NO_SUM = "0" * 64  # the checksum's placeholder while the payload streams
@@ -63,17 +70,35 @@ def save(table: HashTable, path: str | os.PathLike) -> None:
     size, dim = table.bucket_size, table.embedding_dim
     fields = {"bucket_size": size, "embedding_dim": dim, "live": int(table.live),
               "not_exported": int(table.not_exported), "dropped": int(table.dropped),
-              "payload_bytes": size * row_bytes(dim)}
+              "clock": int(table.clock), "max_load_factor": table.max_load_factor,
+              "load_policy": table.load_policy,
+              "payload_bytes": size * (row_bytes(dim) + _SCORE_BYTES)}
     with atomic_writer("save", path) as f:
         header = _header_bytes(fields, _NO_SUM)
         f.write(_PREFIX.pack(MAGIC, VERSION, len(header)) + header)
         digest = hashlib.sha256()
-        for _, rows in iter_host_chunks(table, chunk_slots_for(dim)):
-            chunk = cann_rows(rows)
+
+        def put(chunk: np.ndarray) -> None:
             digest.update(chunk)
             f.write(memoryview(chunk).cast("B"))
+
+        for _, rows in iter_host_chunks(table, chunk_slots_for(dim)):
+            put(cann_rows(rows))
+        step = chunk_slots_for(dim)
+        for start in range(0, size, step):
+            put(np.ascontiguousarray(jax.device_get(_slice_scores(table.last_access, start,
+                                                                  min(step, size - start))),
+                                     "<u4").view(np.uint8))
         f.seek(_PREFIX.size)
         f.write(_header_bytes(fields, digest.hexdigest()))  # same length: fixed-width hex
+
+
+def _slice_scores(last_access, start: int, n: int):
+    return _slice_column(last_access, np.int32(start), n)
+
+
+_slice_column = jax.jit(lambda a, start, n: jax.lax.dynamic_slice_in_dim(a, start, n),
+                        static_argnums=2)
 
 
 def _header_bytes(fields: dict, sha256: str) -> bytes:
@@ -113,9 +138,9 @@ def _read_header(f, where: str) -> tuple[int, int, dict]:
     if magic != MAGIC:
         raise CheckpointError(f"{where}: not a jaxops hash-table file (magic {magic!r}, "
                               f"expected {MAGIC!r})")
-    if version != VERSION:
-        raise CheckpointError(f"{where}: format version {version}; this jaxops reads version "
-                              f"{VERSION}")
+    if version not in _READS:
+        raise CheckpointError(f"{where}: format version {version}; this jaxops reads versions "
+                              f"{', '.join(map(str, _READS))}")
     if header_len > _MAX_HEADER:
         raise CheckpointError(f"{where}: corrupt header: length {header_len} (at most "
                               f"{_MAX_HEADER})")
@@ -127,11 +152,13 @@ def _read_header(f, where: str) -> tuple[int, int, dict]:
         header = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{where}: corrupt header: {e}") from None
-    _check_header(header, where)
+    _check_header(header, where, version)
     size, dim = header["bucket_size"], header["embedding_dim"]
-    if header["payload_bytes"] != size * row_bytes(dim):
+    header["version"] = version
+    per_slot = row_bytes(dim) + (_SCORE_BYTES if version >= 2 else 0)
+    if header["payload_bytes"] != size * per_slot:
         raise CheckpointError(f"{where}: corrupt header: {header['payload_bytes']} payload "
-                              f"bytes for {size} buckets of dim {dim}")
+                              f"bytes for {size} buckets of dim {dim} (version {version})")
     return size, dim, header
 
 
@@ -141,17 +168,26 @@ _HEADER_INTS = {"bucket_size": (1, MAX_BUCKET_SIZE), "embedding_dim": (1, _INT32
                 "dropped": (0, 2**64 - 1), "payload_bytes": (0, 2**63 - 1)}
 
 
-def _check_header(header, where: str) -> None:
+def _check_header(header, where: str, version: int) -> None:
     """Every field present, of its type and in its range: a file from elsewhere fails here
     with a CheckpointError, never with a TypeError/OverflowError further on."""
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: corrupt header: a JSON {type(header).__name__}, "
                               "expected an object")
-    for name, (lo, hi) in _HEADER_INTS.items():
+    ints = {**_HEADER_INTS, "clock": (0, 2**32 - 1)} if version >= 2 else _HEADER_INTS
+    for name, (lo, hi) in ints.items():
         v = header.get(name)
         if type(v) is not int or not lo <= v <= hi:
             raise CheckpointError(f"{where}: corrupt header: field {name!r} is {v!r}, expected "
                                   f"an int in [{lo}, {hi}]")
+    if version >= 2:
+        factor, policy = header.get("max_load_factor"), header.get("load_policy")
+        if type(factor) not in (int, float) or not 0.0 < factor <= 1.0:
+            raise CheckpointError(f"{where}: corrupt header: field 'max_load_factor' is "
+                                  f"{factor!r}, expected a number in (0, 1]")
+        if not isinstance(policy, str) or policy not in LOAD_POLICIES:
+            raise CheckpointError(f"{where}: corrupt header: field 'load_policy' is "
+                                  f"{policy!r}, expected one of {sorted(LOAD_POLICIES)}")
     sha = header.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
         raise CheckpointError(f"{where}: corrupt header: field 'sha256' is {sha!r}, expected "
@@ -186,6 +222,8 @@ def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable
         counts = live_counts(rows.flags)
         live, not_exported = live + counts[0], not_exported + counts[1]
         writer.write(start, rows)
+    if header["version"] >= 2:
+        _read_scores(f, where, size, step, digest, writer if fault is None else None)
     if digest.hexdigest() != header["sha256"]:
         raise CheckpointError(f"{where}: corrupt: the payload's SHA-256 does not match the header")
     try:
@@ -198,4 +236,21 @@ def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable
         raise CheckpointError(f"{where}: corrupt: counts in the header (live "
                               f"{header['live']}, not exported {header['not_exported']}) "
                               f"disagree with the flags ({live}, {not_exported})")
-    return writer.finish(live=live, not_exported=not_exported, dropped=header["dropped"])
+    loads = {} if header["version"] < 2 else {
+        "clock": header["clock"], "max_load_factor": float(header["max_load_factor"]),
+        "load_policy": header["load_policy"]}
+    return writer.finish(live=live, not_exported=not_exported, dropped=header["dropped"],
+                         **loads)
+
+
+def _read_scores(f, where: str, size: int, step: int, digest, writer: TableWriter | None
+                 ) -> None:
+    """Reads the ``last_access`` section (version 2) into ``writer`` (None: only hashed)."""
+    buf = np.empty(min(step, size), "<u4")
+    for start in range(0, size, step):
+        chunk = buf[:min(step, size - start)]
+        if f.readinto(memoryview(chunk).cast("B")) != chunk.nbytes:
+            raise CheckpointError(f"{where}: truncated while reading (the file changed?)")
+        digest.update(chunk)
+        if writer is not None:
+            writer.write_last_access(start, chunk.copy())  # buf is reused: dispatch is async

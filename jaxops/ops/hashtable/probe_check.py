@@ -3,7 +3,10 @@ probe walk finds it, and no key is held twice.
 
 A walk (:func:`~jaxops.ops.hashtable.probe.find_slots`) goes from the key's home slot
 forward (wrapping) and stops at the first empty slot, so a key is reachable exactly when no
-empty slot lies between its home and its slot. Two copies of a key share a home, so once
+empty slot lies between its home and its slot. Tombstones are used slots: they never break
+a chain (a walk passes them), and they are checked like live keys, since a key reviving an
+unreachable tombstone would be inserted a second time. (A new key may take a tombstone's
+slot — beyond CANN — but only after its walk proved it absent, so this invariant holds.) Two copies of a key share a home, so once
 reachability holds they sit in the same *cluster* (maximal run of used slots); duplicates
 are looked for within clusters. Both checks stream: the extra memory is one chunk plus the
 cluster open at the chunk's end (and the one that wraps past the table's end), not a copy of
