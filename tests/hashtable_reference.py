@@ -189,6 +189,31 @@ class RefTable:
         self.live -= 1
         self.values[s] = row
 
+    def age(self, s: int) -> int:
+        """Steps since a lookup last touched slot ``s`` (modulo 2**32, as uint32)."""
+        return (self.clock - self.last_access[s]) % 2**32
+
+    def live_slots(self) -> list[int]:
+        return [s for s in range(self.size) if self.flags[s] & VALID
+                and not self.flags[s] & EVICTED]
+
+    def evict_lowest(self, n: int, by: str = "lru", keep=(), const_val: float = 0.0) -> None:
+        """The n live entries of lowest score become tombstones: lru orders by (age
+        descending, counter, slot), lfu by (counter, age descending, slot)."""
+        def score(s):
+            return (-self.age(s), self.counters[s], s) if by == "lru" else \
+                (self.counters[s], -self.age(s), s)
+
+        candidates = [s for s in self.live_slots() if s not in set(keep)]
+        for s in sorted(candidates, key=score)[:max(n, 0)]:
+            self._tombstone(s, const_val)
+
+    def evict_if(self, predicate, const_val: float = 0.0) -> None:
+        """``predicate(key, counter, last_access, age) -> bool`` per live slot."""
+        for s in self.live_slots():
+            if predicate(self.keys[s], self.counters[s], self.last_access[s], self.age(s)):
+                self._tombstone(s, const_val)
+
     def resize(self, new_values: np.ndarray) -> "RefTable":
         new = RefTable(new_values)
         for s in range(self.size):

@@ -154,7 +154,7 @@ def test_grow_policy_doubles_eagerly_and_keeps_every_entry():
     for k, (c, f, row) in before.items():  # counters (+1 for 5..9), flags, rows kept
         assert after[k] == (c + (k >= 5), f, row)
     with pytest.raises(OpArgumentError, match="argument 'policy'"):
-        ht.set_load_policy(t, policy="evict")
+        ht.set_load_policy(t, policy="nope")
 
 
 def test_compact_reclaims_tombstones_keeping_live_entries():
