@@ -13,7 +13,10 @@
 are inserted in the order of their first occurrence (that decides their slots when probe
 sequences meet and which keys miss out when the table fills up), every occurrence adds 1 to
 its key's counter, and with counter filtering occurrence ``r`` of a key (1-based) sees the
-counter ``before + r``.
+counter ``before + r``. A new key takes the first reusable slot of its probe walk (empty, or
+another key's tombstone — beyond CANN), so a key reviving its tombstone finds it taken when
+an earlier key of the batch reused it, and is then inserted anew (see
+:mod:`~jaxops.ops.hashtable.probe`).
 """
 
 from __future__ import annotations
