@@ -12,9 +12,11 @@ is (so a donated table is never half-updated): a call whose keys could pass the 
 - ``"grow"``: the table is rehashed into one twice the size (until the keys fit the limit;
   tombstones are dropped) and the call runs there.
 - ``"evict"`` / ``"evict_lfu"``: the ``live + new - max_live`` live keys of lowest score
-  that the call does not touch become tombstones (:func:`~jaxops.ops.hashtable.scored.
-  evict_lowest`, least recently used first / least frequently used first), and the call's
-  new keys reuse their slots.
+  that the call does not touch become tombstones
+  (:func:`~jaxops.ops.hashtable.scored.evict_lowest`, least recently used first / least
+  frequently used first), and the call's new keys reuse their slots. Each such call pays one scored selection over the table's
+  slots (O(table)); a table kept at its limit amortises that by evicting a ``fraction``
+  with ``evict_lowest`` now and then, leaving headroom for many calls.
 
 Inside ``jit`` (shapes are static, nothing can be raised) every policy lets the keys in
 while slots last and reports ``info.over_limit``, as the operators' overflow policies do.
