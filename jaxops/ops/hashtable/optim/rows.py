@@ -94,7 +94,7 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
     return slot, summed, jnp.sum(key == _LAST, dtype=jnp.int32)
 
 
-def check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTable,
+def _check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTable,
                 state: Any) -> None:
     """``state`` has the structure and leaf shapes ``init_state(table)`` gives: a state made
     for another table (or for this one before a resize) is refused by name."""
@@ -191,7 +191,7 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
     def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
                ) -> tuple[HashTable, Any]:
         flat_slots, flat_grads = check_update_args(op, table, slots, grads)
-        check_state(op, init_state, table, state)
+        _check_state(op, init_state, table, state)
         return _apply(rule, table, state, flat_slots, flat_grads, step)
 
     init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
