@@ -11,8 +11,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BLOCKS = re.findall(r"^```python\n(.*?)^```", open(os.path.join(ROOT, "README.md")).read(),
-                    re.S | re.M)
+with open(os.path.join(ROOT, "README.md")) as readme:
+    BLOCKS = re.findall(r"^```python\n(.*?)^```", readme.read(), re.S | re.M)
 SESSIONS = [b for b in BLOCKS if b.lstrip().startswith(">>>")]
 SCRIPTS = [b for b in BLOCKS if not b.lstrip().startswith(">>>")]
 
