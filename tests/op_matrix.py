@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.util import expected_truncation
+
 
 @dataclasses.dataclass
 class OpCase:
@@ -49,10 +51,16 @@ class OpCase:
 
 def TRUNCATE(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with ``overflow="truncate"``: rows that test a capacity overflow compare the
-    truncated result (what jit and launch give) eagerly too, not the "expand" rerun."""
+    truncated result (what jit and launch give) eagerly too, not the "expand" rerun. The
+    policy's CapacityOverflowWarning is expected here and silenced (its wording and
+    once-per-site rule are asserted in tests/test_overflow_policies.py); ``truncates``
+    marks the row for the launch test, which silences the launch's warning the same way."""
     def truncating(*args, **kwargs):
-        return fn(*args, overflow="truncate", **kwargs)
+        with expected_truncation():
+            return fn(*args, overflow="truncate", **kwargs)
+    truncating.truncates = True
     return truncating
+
 
 
 def all_cases() -> list[OpCase]:

@@ -265,6 +265,10 @@ def test_unmapped_operators_and_configurations_fall_back_with_the_reason(double)
                                 jaxops.get_op("Unique")(x, axis=0, backend="xla"))
     with pytest.raises(BackendUnavailableError, match="aclnnUnique2 has no axis"):
         jaxops.get_op("Unique")(x, axis=0, backend="ascend")
+    f = np.array([np.nan, 1.0, np.nan], np.float32)
+    s = explain("Unique", inputs=[f], attrs={"size": None, "sorted": True, "axis": None,
+                                            "equal_nan": False})
+    assert s.backend == "xla" and "aclnnUnique2 has no equal_nan" in str(s)
     u16 = np.arange(4, dtype=np.uint16)
     s = explain("NonZero", inputs=[u16])  # falls back to native where built, else xla
     assert s.backend in ("native", "xla") and "aclnnNonzero does not take dtype uint16" in str(s)

@@ -31,10 +31,11 @@ def test_nms_truncate_is_default_keeps_top_scores_and_warns_once():
     def call():  # one call site
         return jaxops.non_max_suppression(boxes, scores, 4, 0.5, size=5)
 
-    with pytest.warns(overflow.CapacityOverflowWarning, match="20 results lost"):
+    with pytest.warns(overflow.CapacityOverflowWarning, match="60 elements lost"):
         out = call()
-    np.testing.assert_array_equal(jaxops.refresh(out), ref_non_max_suppression(boxes, scores, 4, 0.5, size=5))
-    kept_scores = [scores[b, c, k] for b, c, k in jaxops.refresh(out)]
+    kept = jaxops.refresh(out, allow_truncated=True)
+    np.testing.assert_array_equal(kept, ref_non_max_suppression(boxes, scores, 4, 0.5, size=5))
+    kept_scores = [scores[b, c, k] for b, c, k in kept]
     all_scores = sorted((scores[b, c, k] for b, c, k in ref_non_max_suppression(boxes, scores, 4, 0.5)),
                         reverse=True)
     assert sorted(kept_scores, reverse=True) == all_scores[:5]
@@ -104,10 +105,11 @@ def test_index_ops_expand_by_default_and_are_complete():
 def test_index_ops_error_truncate_host(call):
     with pytest.raises(CapacityOverflowError, match="10 results does not fit capacity 3"):
         call("error")
-    with pytest.warns(overflow.CapacityOverflowWarning, match="7 results lost"):
+    with pytest.warns(overflow.CapacityOverflowWarning, match=r"\(true size 10\)") as seen:
         cut = call("truncate")
     first = cut[0] if isinstance(cut, tuple) else cut
     assert bool(first.overflowed())
+    assert f"{int(first.lost())} elements lost" in str(seen[0].message)  # 14 for argwhere
     host = call("host")
     first = host[0] if isinstance(host, tuple) else host
     assert not bool(first.overflowed()) and int(first.numel()) in (10, 20)  # 20: argwhere [10, 2]
@@ -144,7 +146,8 @@ def test_record_eagerly_and_inside_jit():
     x = np.zeros((4, 5))
     x[0, :3] = 1
     jaxops.nonzero(x, record=True)
-    jaxops.nonzero(x, size=2, overflow="truncate", record="nz-site")   # records the need: 3
+    with pytest.warns(overflow.CapacityOverflowWarning, match="truncated to capacity 2"):
+        jaxops.nonzero(x, size=2, overflow="truncate", record="nz-site")   # records the need: 3
     jax.jit(lambda x: jaxops.nonzero(x, transpose=True, record="nz-site"))(x * 0 + 1)
     boxes, scores, rows = _edge_images()
     jax.jit(lambda b, s: jaxops.non_max_suppression(b, s, 4, 0.5, size=5, record="nms"))(boxes, scores)
@@ -155,3 +158,27 @@ def test_record_eagerly_and_inside_jit():
     assert capacity.get_stats("nms").sizes.tolist() == [len(rows)]
     assert capacity.get_stats("nms").theoretical_max == 8 * 4
     assert capacity.get_stats("u").sizes.tolist() == [2]
+
+
+def test_every_overflow_message_counts_what_dynarray_lost_counts():
+    """One definition of "lost" (elements, DynArray.lost()) in the policy warning and error,
+    check_overflow, refresh and launch, on a 2-D output whose results are pairs."""
+    import tracing
+
+    x = np.eye(6, dtype=np.int32)[:, :4]  # 4 non-zeros in a [6, 4] input: [2, 4] indices
+    cut = jax.jit(lambda x: jaxops.nonzero(x, size=1))(x)  # inside jit: no policy, no warning
+    lost = int(cut.lost())
+    assert lost == 6 and int(cut.lost(axis=1)) == 3  # 3 pairs = 6 elements
+    overflow.reset_warnings()
+    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"\(true size 4\); {lost} elements"):
+        jaxops.nonzero(x, size=1, overflow="truncate")
+    with pytest.raises(CapacityOverflowError, match=rf"{lost} elements would be lost") as e:
+        jaxops.nonzero(x, size=1, overflow="error")
+    assert e.value.lost == lost and (e.value.capacity, e.value.true_size) == (1, 4)
+    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"{lost} elements lost in all"):
+        assert jaxops.check_overflow(cut, policy="warn") == lost
+    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"{lost} elements lost"):
+        jaxops.refresh(cut)
+    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"{lost} elements lost"):
+        tracing.launch("NonZero", tracing.OP_INPUT(x), tracing.OP_ATTR(size=1),
+                       tracing.OP_OUTSHAPE(np.zeros(9, np.int64), 0))

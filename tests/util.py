@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import jax
+
+from jaxops.errors import CapacityOverflowWarning
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -23,3 +28,14 @@ class CompileCounter:
 
     def __exit__(self, *exc) -> None:
         jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+@contextlib.contextmanager
+def expected_truncation():
+    """Silences CapacityOverflowWarning, for calls that truncate on purpose (the warning's
+    wording and once-per-call-site rule are asserted in tests/test_overflow_policies.py;
+    once per site means a ``pytest.warns`` in a loop or a parametrized test would depend on
+    the test order)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CapacityOverflowWarning)
+        yield

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from jaxops.backends import select_backend
-from jaxops.core.dynarray import DynArray
+from jaxops.core.dynarray import DynArray, lost_elements
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError, OutshapeError
 from jaxops.core.impl_mode import OpExecMode, OpImplMode, to_index_char
 from jaxops.core.registry import OpDef, get_op
@@ -251,8 +251,9 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
 
 def _report_overflow(op: str, k: int, got: tuple, true: tuple, policy: str) -> None:
     axis = next(a for a, (g, t) in enumerate(zip(got, true)) if g != t)
+    lost = lost_elements(got, true)
     if policy == "error":
         raise CapacityOverflowError(op, got[axis], true[axis],
-                                    f"(output {k}; launch with a larger size attr)")
-    warn_once(f"{op}: launch output {k} truncated to {got}; true shape {true} "
-              f"(LaunchResult.true_shapes reports it)")
+                                    f"(output {k}; launch with a larger size attr)", lost=lost)
+    warn_once(f"{op}: launch output {k} truncated to {got}; true shape {true}; {lost} elements "
+              f"lost (DynArray.lost(); LaunchResult.true_shapes reports it)")

@@ -5,13 +5,14 @@ operator     aclnn kernel           mapping
 ===========  =====================  ===========================================================
 NonZero      ``aclnnNonzero``       out ``[numel, rank]`` int64 (transposed for the ONNX layout)
 MaskedSelect ``aclnnMaskedSelect``  out ``[broadcast numel]`` (the kernel broadcasts)
-Unique       ``aclnnUnique2``       ``sorted=True, axis=None`` only; values, inverse and counts
-                                    from the kernel, first indices from the inverse on the host
+Unique       ``aclnnUnique2``       ``sorted=True, axis=None, equal_nan=True`` only; values,
+                                    inverse and counts from the kernel, first indices from
+                                    the inverse on the host
 ===========  =====================  ===========================================================
 
 Every other operator (UniqueConsecutive, the NMS family) and every configuration an aclnn
-kernel does not serve (``Unique(axis=...)``, ``Unique(sorted=False)``, dtypes outside the
-kernel's list) runs on ``xla`` under automatic selection; :func:`jaxops.backends.explain`
+kernel does not serve (``Unique(axis=...)``, ``Unique(sorted=False)``,
+``Unique(equal_nan=False)``, dtypes outside the kernel's list) runs on ``xla`` under automatic selection; :func:`jaxops.backends.explain`
 gives the reason, and an explicit ``backend="ascend"`` raises it. Capacity (``size``) is
 applied after the kernel: aclnn outputs are always allocated at the full max shape.
 
@@ -94,7 +95,9 @@ def _masked_select_build(x, mask, *, size):
     return [In(x), In(mask), Out((math.prod(shape),), x.dtype)]
 
 
-def _unique_refuses(*, size, sorted, axis):
+def _unique_refuses(*, size, sorted, axis, equal_nan=True):
+    if not equal_nan:
+        return "aclnnUnique2 has no equal_nan (Unique(equal_nan=False) runs on xla)"
     if axis is not None:
         return "aclnnUnique2 has no axis (Unique with axis runs on xla)"
     if not sorted:
@@ -103,7 +106,7 @@ def _unique_refuses(*, size, sorted, axis):
     return None
 
 
-def _unique_finish(outs, x, *, size, sorted, axis):
+def _unique_finish(outs, x, *, size, sorted, axis, equal_nan):
     values, inverse, counts = outs
     n = inverse.size
     first = np.full(values.shape[0], n, I64)
@@ -114,7 +117,7 @@ def _unique_finish(outs, x, *, size, sorted, axis):
 
 @aclnn_kernel_for("Unique", "Unique2", UNIQUE2_DTYPES, finish=_unique_finish,
                   refuses=_unique_refuses)
-def _unique_build(x, *, size, sorted, axis):
+def _unique_build(x, *, size, sorted, axis, equal_nan):
     flat = x.reshape(-1)
     n = flat.size
     return [In(flat), Scalar("bool", True), Scalar("bool", True), Scalar("bool", True),

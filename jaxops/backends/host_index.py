@@ -5,7 +5,9 @@ Each returns the outputs at their exact shapes as if capacity were unlimited (th
 callback layer cuts them to the max shapes); outputs that are not DynArrays (the inverse
 indices) already carry the operator's capacity rule: ids at or beyond ``size`` are -1.
 Equality and order follow :mod:`jaxops.ops.order_keys`: ``-0.0 == 0.0``, every NaN is one
-value sorted after ``+inf``; a float unique value is taken from its first occurrence.
+value sorted after ``+inf`` (``equal_nan=True``) or, with ``equal_nan=False``, a value of
+its own (NaNs after ``+inf`` in order of position); a float unique value is taken from its
+first occurrence.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ def _items(x: np.ndarray, axis: int | None):
         lambda rows: np.moveaxis(rows.reshape((rows.shape[0],) + rest), 0, axis)
 
 
-def _key_columns(rows: np.ndarray) -> list[np.ndarray]:
-    """Comparable key columns, most significant first."""
+def _key_columns(rows: np.ndarray, equal_nan: bool) -> list[np.ndarray]:
+    """Comparable key columns, most significant first. With ``equal_nan=False`` a last
+    column is ``position + 1`` for a row holding a NaN (0 otherwise): such a row equals no
+    other and sorts after its equals in order of position."""
     cols = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
     keys = []
     for j in range(cols.shape[1]):
@@ -55,6 +59,9 @@ def _key_columns(rows: np.ndarray) -> list[np.ndarray]:
             keys.append(c.astype(np.uint64 if c.dtype.kind in "ub" else np.int64))
         else:  # on the bits: immune to the callback thread's FTZ/DAZ state
             keys.append(np_ordered_bits(c).astype(np.uint64))
+    if not equal_nan and cols.dtype.kind not in "biu":
+        nan = np.isnan(cols).any(axis=1)
+        keys.append(np.where(nan, np.arange(1, cols.shape[0] + 1), 0).astype(np.uint64))
     return keys
 
 
@@ -69,10 +76,10 @@ def _differs_from_previous(keys: list[np.ndarray], n: int) -> np.ndarray:
 
 
 @host_kernel_for("Unique")
-def unique(x, *, size, sorted, axis):
+def unique(x, *, size, sorted, axis, equal_nan):
     rows, restore = _items(np.asarray(x), axis)
     n = rows.shape[0]
-    keys = _key_columns(rows)
+    keys = _key_columns(rows, equal_nan)
     order = np.lexsort([np.arange(n)] + keys[::-1]) if keys else np.arange(n)
     start = _differs_from_previous([k[order] for k in keys], n)
     group = np.empty(n, np.int64)
@@ -92,10 +99,10 @@ def unique(x, *, size, sorted, axis):
 
 
 @host_kernel_for("UniqueConsecutive")
-def unique_consecutive(x, *, size, axis):
+def unique_consecutive(x, *, size, axis, equal_nan):
     rows, restore = _items(np.asarray(x), axis)
     n = rows.shape[0]
-    start = _differs_from_previous(_key_columns(rows), n)
+    start = _differs_from_previous(_key_columns(rows, equal_nan), n)
     starts = np.flatnonzero(start)
     run = np.cumsum(start) - 1
     cap = n if size is None else size

@@ -28,24 +28,25 @@ def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True)
     """numpy twin of :func:`jaxops.ops.nms.iou.decode_boxes`."""
     b = np.asarray(boxes).astype(dtype)
     p0, p1, q0, q1 = (b[..., k] for k in range(4))
-    if center:
-        h0, h1 = q0 / dtype.type(2), q1 / dtype.type(2)
-        p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
-    if reorder:
-        p0, q0 = np.minimum(p0, q0), np.maximum(p0, q0)
-        p1, q1 = np.minimum(p1, q1), np.maximum(p1, q1)
-    return p0, p1, q0, q1, (q0 - p0) * (q1 - p1)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / inf boxes: see suppression.py
+        if center:
+            h0, h1 = q0 / dtype.type(2), q1 / dtype.type(2)
+            p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+        if reorder:
+            p0, q0 = np.minimum(p0, q0), np.maximum(p0, q0)
+            p1, q1 = np.minimum(p1, q1), np.maximum(p1, q1)
+        return p0, p1, q0, q1, (q0 - p0) * (q1 - p1)
 
 
 def _suppresses(boxes: Boxes, i: int, later: slice, t, inclusive: bool) -> np.ndarray:
     """Does kept box ``i`` suppress the boxes ``later`` (exact mode of iou.suppresses)?"""
     lo0, lo1, hi0, hi1, area = boxes
-    d0 = np.minimum(hi0[i], hi0[later]) - np.maximum(lo0[i], lo0[later])
-    d1 = np.minimum(hi1[i], hi1[later]) - np.maximum(lo1[i], lo1[later])
-    inter = np.maximum(d0, 0) * np.maximum(d1, 0)
-    union = area[i] + area[later] - inter
-    t = np.asarray(t, inter.dtype)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        d0 = np.minimum(hi0[i], hi0[later]) - np.maximum(lo0[i], lo0[later])
+        d1 = np.minimum(hi1[i], hi1[later]) - np.maximum(lo1[i], lo1[later])
+        inter = np.maximum(d0, 0) * np.maximum(d1, 0)
+        union = area[i] + area[later] - inter
+        t = np.asarray(t, inter.dtype)
         if inclusive:
             ok = (inter > 0) & (union > 0)
             return np.where(ok, inter / np.where(ok, union, 1), 0) >= t

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from jaxops.capacity import stats
-from jaxops.core.dynarray import DynArray
+from jaxops.core.dynarray import DynArray, lost_elements
 from jaxops.core.errors import CapacityOverflowError, CapacityOverflowWarning, OpArgumentError
 
 __all__ = [
@@ -113,10 +113,16 @@ def _overflowed_examples(dyns: list[DynArray]) -> list[tuple[np.ndarray, np.ndar
     return cut
 
 
-def _needed_size(dyns: list[DynArray]) -> int:
-    """The capacity the result would have needed: the largest true dim over every axis a
-    DynArray overflowed (0 when none did). Axis-free, so it serves every output layout."""
-    return max((int(t[t > a].max()) for a, t in _overflowed_examples(dyns)), default=0)
+def _needed_size(cut: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """The capacity the result would have needed: the largest true dim over every axis an
+    overflowed example (:func:`_overflowed_examples`) was cut on (0 when none was).
+    Axis-free, so it serves every output layout."""
+    return max((int(t[t > a].max()) for a, t in cut), default=0)
+
+
+def _lost(cut: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Elements lost over the overflowed examples, as :meth:`DynArray.lost` counts them."""
+    return sum(lost_elements(a, t) for a, t in cut)
 
 
 def _caller_site(skip_module: str) -> tuple[str, int]:
@@ -174,15 +180,19 @@ def _policy(run, op: str, size: int | None, theoretical_max: int, policy: str) -
     result = run(size, None)
     if size is None or size >= theoretical_max or _is_traced(result):
         return result
-    true_size = _needed_size(_dyns(result))
+    dyns = _dyns(result)
+    true_size = _needed_size(_overflowed_examples(dyns))
     if true_size <= size:
         return result
+    lost = _lost(_overflowed_examples(dyns[:1]))  # of the first output (y of Unique, ...)
     if policy == "error":
         raise CapacityOverflowError(op, size, true_size,
-                                    "Pass a larger size=, or overflow='expand'/'truncate'.")
+                                    "Pass a larger size=, or overflow='expand'/'truncate'.",
+                                    lost=lost)
     if policy == "truncate":
-        warn_once(f"{op}: output truncated to capacity {size}; {true_size - size} results "
-                  f"lost (true size {true_size}). The DynArray's overflowed()/lost() report it.")
+        warn_once(f"{op}: output truncated to capacity {size} (true size {true_size}); "
+                  f"{lost} elements lost (the first output's DynArray.lost(), which reports "
+                  "it inside jit too, with overflowed()).")
         return result
     bucket = next_capacity(true_size, theoretical_max)
     return run(bucket, "host" if policy == "host" else None)
@@ -199,12 +209,15 @@ def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> i
     cut = _overflowed_examples(_dyns(tree))
     if not cut:
         return 0
-    total = sum(int(np.prod(t) - np.prod(a)) for a, t in cut)
+    total = _lost(cut)
     a, t = cut[0]
     over = int(np.flatnonzero(t > a)[0])
     first = (int(a[over]), int(t[over]))
-    msg = f"outputs overflowed their capacity; {total} elements lost in all"
     if policy == "error":
-        raise CapacityOverflowError(op or "check_overflow", first[0], first[1], msg)
-    warn_once(f"{op or 'check_overflow'}: {msg} (first: capacity {first[0]}, true size {first[1]})")
+        raise CapacityOverflowError(op or "check_overflow", first[0], first[1],
+                                    "(the first overflowed output; lost counts all of them)",
+                                    lost=total)
+    warn_once(f"{op or 'check_overflow'}: outputs overflowed their capacity (first: capacity "
+              f"{first[0]}, true size {first[1]}); {total} elements lost in all "
+              "(DynArray.lost()).")
     return total

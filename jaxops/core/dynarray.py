@@ -38,8 +38,21 @@ from jax.experimental import checkify
 from jaxops.core.errors import OpArgumentError
 
 __all__ = [
-    "DynArray", "dims_within",
+    "DynArray", "dims_within", "lost_elements",
 ]
+
+
+def lost_elements(actual: Any, true: Any) -> int:
+    """What a capacity cut off, on the host: ``prod(true) - prod(actual)`` summed over rows
+    of shapes (``[..., rank]``). The one definition of "lost" that :meth:`DynArray.lost`
+    computes in JAX and every overflow message (policies, ``check_overflow``, ``refresh``,
+    ``tracing.launch``) reports, in elements.
+
+    >>> lost_elements([2, 4], [2, 20]), lost_elements([[3], [5]], [[3], [9]])
+    (32, 4)
+    """
+    actual, true = np.asarray(actual, np.int64), np.asarray(true, np.int64)
+    return int(np.sum(np.prod(true, axis=-1) - np.prod(actual, axis=-1)))
 
 
 def _is_concrete(x: Any) -> bool:
@@ -222,7 +235,8 @@ class DynArray:
 
     def lost(self, axis: int | None = None) -> jax.Array:
         """What the capacity cut off (0 when nothing): with ``axis=None`` in elements,
-        ``prod(true_shape) - prod(actual_shape)``; with an ``axis``, in results along it,
+        ``prod(true_shape) - prod(actual_shape)`` — the count every overflow message reports
+        (:func:`lost_elements`); with an ``axis``, in results along it,
         ``true_shape[axis] - actual_shape[axis]`` (NonZero's ``[rank, n]`` indices: axis 1;
         NMS's ``[k, 3]`` triples: axis 0).
 

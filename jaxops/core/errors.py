@@ -82,10 +82,12 @@ class OutshapeError(JaxopsError, ValueError):
 class CapacityOverflowError(JaxopsError, RuntimeError):
     """A data-dependent output did not fit the capacity it was given."""
 
-    def __init__(self, op: str, capacity: int, true_size: int, hint: str = ""):
+    def __init__(self, op: str, capacity: int, true_size: int, hint: str = "",
+                 lost: int | None = None):
         self.op, self.capacity, self.true_size = op, capacity, true_size
+        self.lost = true_size - capacity if lost is None else lost  # elements, as DynArray.lost()
         msg = (f"{op}: output of {true_size} results does not fit capacity {capacity} "
-               f"({true_size - capacity} would be lost).")
+               f"({self.lost} elements would be lost, as DynArray.lost() counts them).")
         super().__init__(f"{msg} {hint}" if hint else msg)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxops.core.dynarray import DynArray, dims_within
+from jaxops.core.dynarray import DynArray, dims_within, lost_elements
 from jaxops.core.errors import CapacityOverflowWarning
 
 __all__ = [
@@ -49,7 +49,7 @@ def _warn_truncated(actual: np.ndarray, true: np.ndarray | None) -> None:
     """Warns (once per call site of refresh) when an output lost results to its capacity."""
     if true is None:
         return
-    lost = int(np.sum(np.prod(true, axis=-1) - np.prod(actual, axis=-1)))
+    lost = lost_elements(actual, true)
     if lost > 0:
         warnings.warn(CapacityOverflowWarning(
             f"refresh: a DynArray was truncated to its capacity: true shape "

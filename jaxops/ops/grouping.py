@@ -34,7 +34,7 @@ from jaxops.ops.order_keys import rows_differ_from_previous
 from jaxops.ops.sorted_search import lower_bound
 
 __all__ = [
-    "Groups", "group_dense_ranks", "group_keys",
+    "Groups", "group_dense_ranks", "group_keys", "split_last_group",
 ]
 
 _COUNTING_MIN_N = 1 << 14
@@ -76,6 +76,30 @@ def group_dense_ranks(rank: jax.Array) -> Groups:
     ids = jnp.arange(n, dtype=jnp.int32)
     unique_keys = jnp.minimum(ids, jnp.maximum(n_unique - 1, 0)).astype(jnp.uint32)
     return Groups(unique_keys, n_unique.astype(jnp.int32), counts, rank)
+
+
+def split_last_group(groups: Groups, members: jax.Array) -> Groups:
+    """``groups`` with each element of the last group made a group of its own, in order of
+    position: what ``equal_nan=False`` asks of the NaN group (NaN has the largest key).
+    ``members`` (bool ``[n]``) flags exactly the elements of the last group, or none.
+
+    >>> g = split_last_group(group_keys(jnp.array([9, 3, 9, 9], jnp.uint32)),
+    ...                      jnp.array([True, False, True, True]))
+    >>> int(g.n_unique), g.counts.tolist(), g.group.tolist()
+    (4, [1, 1, 1, 1], [1, 0, 2, 3])
+    """
+    n = members.shape[0]
+    if n == 0:
+        return groups
+    n_split = jnp.sum(members, dtype=jnp.int32)
+    last = groups.n_unique - 1  # the members' group, when there are any
+    group = jnp.where(members, last + jnp.cumsum(members, dtype=jnp.int32) - 1, groups.group)
+    n_unique = groups.n_unique + jnp.maximum(n_split - 1, 0)
+    ids = jnp.arange(n, dtype=jnp.int32)
+    split = (n_split > 0) & (ids >= last)
+    counts = jnp.where(split, (ids < n_unique).astype(jnp.int32), groups.counts)
+    unique_keys = jnp.where(split, groups.unique_keys[jnp.maximum(last, 0)], groups.unique_keys)
+    return Groups(unique_keys, n_unique, counts, group)
 
 
 def _by_sorting(keys: jax.Array, search: bool = True) -> Groups:

@@ -147,9 +147,9 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
 
     Examples:
       >>> import jax.numpy as jnp, jaxops
-      >>> d = jaxops.masked_select(jnp.arange(6), jnp.arange(6) % 2 == 0, size=2,
-      ...                          overflow="truncate")
-      >>> jaxops.refresh(d).tolist(), int(d.lost())
+      >>> import jax
+      >>> d = jax.jit(lambda x: jaxops.masked_select(x, x % 2 == 0, size=2))(jnp.arange(6))
+      >>> jaxops.refresh(d, allow_truncated=True).tolist(), int(d.lost())  # inside jit: cut
       ([0, 2], 1)
     """
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:

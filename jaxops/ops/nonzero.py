@@ -6,8 +6,9 @@
 [[0, 1], [1, 0]]
 >>> jaxops.refresh(jaxops.argwhere(x)).tolist()         # CANN / torch layout [n, rank]
 [[0, 1], [1, 0]]
->>> d = jaxops.flatnonzero(x, size=1, overflow="truncate")  # capacity 1, two results
->>> jaxops.refresh(d).tolist(), bool(d.overflowed()), int(d.lost())
+>>> import jax
+>>> d = jax.jit(lambda x: jaxops.flatnonzero(x, size=1))(x)  # capacity 1, two results
+>>> jaxops.refresh(d, allow_truncated=True).tolist(), bool(d.overflowed()), int(d.lost())
 ([1], True, 1)
 """
 

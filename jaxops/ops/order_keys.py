@@ -6,7 +6,8 @@ operands, and because the keys fix the equality rules once:
 
 - ``-0.0`` and ``0.0`` are one value;
 - every NaN (any sign or payload) is one value, ordered after ``+inf`` (numpy's
-  ``equal_nan=True``; ONNX leaves NaN unspecified);
+  ``equal_nan=True``; ONNX leaves NaN unspecified); callers that keep NaNs apart
+  (``equal_nan=False``) flag them with :func:`nan_rows`;
 - subnormals are values (decided on the bits, see :mod:`jaxops.core.float_bits`);
 - integers and bools keep their order; keys are uint32, or uint64 for 64-bit dtypes.
 
@@ -27,7 +28,7 @@ from jaxops.core.errors import OpDTypeError
 from jaxops.core.float_bits import ordered_bits
 
 __all__ = [
-    "key_dtype", "rows_differ_from_previous", "sortable_keys", "values_from_keys",
+    "key_dtype", "nan_rows", "rows_differ_from_previous", "sortable_keys", "values_from_keys",
 ]
 
 
@@ -75,3 +76,16 @@ def rows_differ_from_previous(keys: jax.Array) -> jax.Array:
     if diff.ndim > 1:
         diff = jnp.any(diff, axis=tuple(range(1, diff.ndim)))
     return jnp.concatenate([jnp.ones((1,), bool), diff])
+
+
+def nan_rows(rows: jax.Array) -> jax.Array:
+    """bool ``[m]``: row ``i`` of ``rows`` (``[m]`` values or ``[m, r]`` slices) holds a NaN.
+    All False for non-float dtypes. (A NaN is never flushed: FTZ touches subnormals only.)
+
+    >>> nan_rows(jnp.array([[1.0, jnp.nan], [1.0, 2.0]])).tolist()
+    [True, False]
+    """
+    if not jnp.issubdtype(rows.dtype, jnp.floating):
+        return jnp.zeros(rows.shape[:1], bool)
+    nan = jnp.isnan(rows)
+    return jnp.any(nan, axis=tuple(range(1, nan.ndim))) if nan.ndim > 1 else nan

@@ -10,9 +10,11 @@
 >>> jaxops.refresh(jaxops.unique_consecutive(jnp.array([1, 1, 2, 2, 1]))).tolist()
 [1, 2, 1]
 
-Equality and order are those of :mod:`jaxops.ops.order_keys`: ``-0.0 == 0.0``, all NaNs
-are one value sorted after ``+inf`` (numpy's ``equal_nan=True``). A float unique value is
-returned as it appears at its first occurrence (so ``-0.0`` if that came first). ONNX
+Equality and order are those of :mod:`jaxops.ops.order_keys`: ``-0.0 == 0.0``; with
+``equal_nan=True`` (the default, numpy's) all NaNs are one value sorted after ``+inf``;
+with ``equal_nan=False`` (torch's ``unique`` and ``unique_consecutive``) every NaN is a
+value of its own, the NaNs sorted after ``+inf`` in order of position. A float unique value
+is returned as it appears at its first occurrence (so ``-0.0`` if that came first). ONNX
 Runtime's CPU Unique does not order NaN consistently; we do not follow it there.
 
 Algorithm (1-D): group order-preserving integer keys (:mod:`jaxops.ops.grouping`: a
@@ -39,8 +41,9 @@ from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, VALUE_FILL, capacity_attr, index_datatype,
                                      index_dtype)
 from jaxops.ops.compaction import compact_indices, gather_valid
-from jaxops.ops.grouping import group_dense_ranks, group_keys
-from jaxops.ops.order_keys import rows_differ_from_previous, sortable_keys, values_from_keys
+from jaxops.ops.grouping import group_dense_ranks, group_keys, split_last_group
+from jaxops.ops.order_keys import (nan_rows, rows_differ_from_previous, sortable_keys,
+                                   values_from_keys)
 
 __all__ = [
     "COUNT_FILL", "UNIQUE", "UNIQUE_CONSECUTIVE", "UNIQUE_DTYPES", "unique",
@@ -86,6 +89,8 @@ def _index_dtypes(k):
 
 
 _AXIS = AttrDef("axis", "int", None, optional=True, doc="unique slices along this axis; None: flatten")
+_EQUAL_NAN = AttrDef("equal_nan", "bool", True,
+                     doc="all NaNs are one value (numpy); False: each NaN is distinct (torch)")
 
 UNIQUE = register_op(OpDef(
     name="Unique",
@@ -96,7 +101,7 @@ UNIQUE = register_op(OpDef(
              Output("counts", _INDEX_TYPES, doc="occurrences of each; padding 0")],
     attrs=[capacity_attr("max number of unique values; None: all elements (or slices)"),
            AttrDef("sorted", "bool", True, doc="ascending order; False: first-occurrence order"),
-           _AXIS],
+           _AXIS, _EQUAL_NAN],
     infer_shape=_unique_infer,
     infer_dtype=_index_dtypes(3),
     data_dependent=True,
@@ -110,7 +115,8 @@ UNIQUE_CONSECUTIVE = register_op(OpDef(
     outputs=[Output("y", UNIQUE_DTYPES, doc="first value / slice of each run; padding 0"),
              Output("inverse_indices", _INDEX_TYPES, doc="run id of every element (full length)"),
              Output("counts", _INDEX_TYPES, doc="length of each run; padding 0")],
-    attrs=[capacity_attr("max number of runs; None: all elements (or slices)"), _AXIS],
+    attrs=[capacity_attr("max number of runs; None: all elements (or slices)"), _AXIS,
+           _EQUAL_NAN],
     infer_shape=_consecutive_infer,
     infer_dtype=_index_dtypes(2),
     data_dependent=True,
@@ -122,7 +128,7 @@ UNIQUE_CONSECUTIVE = register_op(OpDef(
 class _Items:
     """The things being made unique: the flattened values, or the slices along ``axis``."""
 
-    def __init__(self, op, x, axis):
+    def __init__(self, op, x, axis, equal_nan):
         self.shape, self.dtype = x.shape, x.dtype
         self.axis = _axis(op, x.shape, axis)
         if self.axis is None:
@@ -132,7 +138,19 @@ class _Items:
             self.rest = moved.shape[1:]
             self.rows = moved.reshape(moved.shape[0], math.prod(self.rest))  # -1 fails on 0-size
         self.n = self.rows.shape[0]
-        self.keys = sortable_keys(self.rows)  # [n] or [n, slice size]
+        self.keys = sortable_keys(self.rows)  # [n] or [n, slice size]; NaNs all equal
+        # equal_nan=False: an item holding a NaN equals no other item
+        self.nan = None if equal_nan or not jnp.issubdtype(self.dtype, jnp.floating) else \
+            nan_rows(self.rows)
+
+    def keys_nans_apart(self) -> jax.Array:
+        """``keys`` (slices, ``[n, r]``) with a last column that is 0, or ``position + 1``
+        for a slice holding a NaN under ``equal_nan=False``: such slices then equal no
+        other and sort after their equals, in order of position."""
+        if self.nan is None:
+            return self.keys
+        tag = jnp.where(self.nan, jnp.arange(1, self.n + 1), 0).astype(self.keys.dtype)
+        return jnp.concatenate([self.keys, tag[:, None]], axis=1)
 
     def take(self, positions, count, cap) -> DynArray:
         """Items at ``positions`` (valid where slot < count) as the ``y`` DynArray."""
@@ -177,12 +195,16 @@ def _index_dyn(data, count, cap, fill):
 
 
 @UNIQUE.kernel("xla")
-def _unique_xla(x, *, size, sorted, axis):
-    items = _Items("Unique", x, axis)
+def _unique_xla(x, *, size, sorted, axis, equal_nan):
+    items = _Items("Unique", x, axis, equal_nan)
     n = items.n
     cap = n if size is None else size
-    groups = group_keys(items.keys) if items.axis is None else \
-        group_dense_ranks(_lexicographic_ranks(items.keys))
+    if items.axis is not None:
+        groups = group_dense_ranks(_lexicographic_ranks(items.keys_nans_apart()))
+    elif items.nan is not None:  # the NaNs are the last group: one group each
+        groups = split_last_group(group_keys(items.keys), items.nan)
+    else:
+        groups = group_keys(items.keys)
     unique_keys, n_unique, counts, group = groups  # group: sorted unique id
     position = jnp.arange(n, dtype=jnp.int32)
     first = jnp.full((n,), n, jnp.int32).at[group].min(position)
@@ -215,11 +237,13 @@ def _unique_xla(x, *, size, sorted, axis):
 
 
 @UNIQUE_CONSECUTIVE.kernel("xla")
-def _unique_consecutive_xla(x, *, size, axis):
-    items = _Items("UniqueConsecutive", x, axis)
+def _unique_consecutive_xla(x, *, size, axis, equal_nan):
+    items = _Items("UniqueConsecutive", x, axis, equal_nan)
     n = items.n
     cap = n if size is None else size
     run_start = rows_differ_from_previous(items.keys)
+    if items.nan is not None:  # an item holding a NaN starts a run of its own
+        run_start = run_start | items.nan
     starts, n_runs = compact_indices(run_start, cap + 1, fill_value=n)  # one more: run ends
     counts = jnp.where(jnp.arange(cap) < n_runs, starts[1:] - starts[:-1], COUNT_FILL)
     run = jnp.cumsum(run_start, dtype=jnp.int32) - 1
@@ -235,8 +259,9 @@ def _returns(y, extras):
 
 @documents_policy_args
 def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: int | None = None,
-           return_index: bool = False, return_inverse: bool = False, return_counts: bool = False,
-           overflow: str = "expand", record: bool | str = False, backend: str | None = None):
+           equal_nan: bool = True, return_index: bool = False, return_inverse: bool = False,
+           return_counts: bool = False, overflow: str = "expand", record: bool | str = False,
+           backend: str | None = None):
     """Unique values of ``x`` (or unique slices along ``axis``) (op "Unique", ONNX semantics).
 
     Args:
@@ -249,6 +274,11 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
       axis: ``None`` flattens ``x``; an int selects unique slices ``x.take(i, axis)``,
         compared element by element with the same equality rules, ordered
         lexicographically.
+      equal_nan: NaN rule (``-0.0 == 0.0`` always). True (default, numpy's): every NaN,
+        whatever its sign or payload, is one value, sorted after ``+inf``. False (torch's
+        ``unique``): NaN equals nothing, so each NaN is a unique value with count 1, the
+        NaNs sorted after ``+inf`` in order of position; with ``axis`` a slice holding a
+        NaN equals no other slice. (``np.unique`` with ``axis`` always behaves as False.)
       return_index, return_inverse, return_counts: also return the first-occurrence index
         of each unique value, the unique id of every element, the number of occurrences.
       {policy_args}
@@ -270,9 +300,13 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
       >>> y = jaxops.unique(jnp.array([3.0, jnp.nan, -0.0, 0.0, jnp.nan]))
       >>> jaxops.refresh(y).tolist()
       [-0.0, 3.0, nan]
+      >>> y = jaxops.unique(jnp.array([3.0, jnp.nan, -0.0, 0.0, jnp.nan]), equal_nan=False)
+      >>> jaxops.refresh(y).tolist()
+      [-0.0, 3.0, nan, nan]
     """
     def run(capacity: int | None, rerun_backend: str | None):
-        return UNIQUE(x, size=capacity, sorted=sorted, axis=axis, backend=rerun_backend or backend)
+        return UNIQUE(x, size=capacity, sorted=sorted, axis=axis, equal_nan=equal_nan,
+                      backend=rerun_backend or backend)
 
     y, indices, inverse, counts = run_with_policy(
         run, op="Unique", size=size, theoretical_max=_max_shapes("Unique", np.shape(x), None, axis)[1],
@@ -282,15 +316,19 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
 
 
 def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | None = None,
-                       return_inverse: bool = False, return_counts: bool = False,
+                       equal_nan: bool = True, return_inverse: bool = False,
+                       return_counts: bool = False,
                        overflow: str = "expand", record: bool | str = False,
                        backend: str | None = None):
     """Collapses runs of equal consecutive values (or slices along ``axis``).
 
-    Same equality rules, capacity contract, ``overflow`` and ``record`` and padding as
-    :func:`unique`; the outputs are
+    Same equality rules (``equal_nan`` included), capacity contract, ``overflow`` and
+    ``record`` and padding as :func:`unique`; the outputs are
     ``torch.unique_consecutive``'s: ``y`` (first item of each run), ``inverse`` (run id of
     every element, plain array, -1 where the run was cut) and ``counts`` (run lengths).
+    NaN rule: with ``equal_nan=True`` (default) consecutive NaNs form one run; with
+    ``equal_nan=False`` (torch's rule: NaN equals nothing) each NaN, or each slice holding
+    a NaN, is a run of its own.
 
     Returns:
       ``y`` alone, or ``(y, [inverse], [counts])``.
@@ -300,9 +338,14 @@ def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | Non
       >>> y, c = jaxops.unique_consecutive(jnp.array([5, 5, 1, 5]), return_counts=True)
       >>> jaxops.refresh(y).tolist(), jaxops.refresh(c).tolist()
       ([5, 1, 5], [2, 1, 1])
+      >>> x = jnp.array([jnp.nan, jnp.nan, 1.0])
+      >>> [jaxops.refresh(jaxops.unique_consecutive(x, return_counts=True, equal_nan=e)[1]).tolist()
+      ...  for e in (True, False)]
+      [[2, 1], [1, 1, 1]]
     """
     def run(capacity: int | None, rerun_backend: str | None):
-        return UNIQUE_CONSECUTIVE(x, size=capacity, axis=axis, backend=rerun_backend or backend)
+        return UNIQUE_CONSECUTIVE(x, size=capacity, axis=axis, equal_nan=equal_nan,
+                                  backend=rerun_backend or backend)
 
     y, inverse, counts = run_with_policy(
         run, op="UniqueConsecutive", size=size,

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.ops.hashtable.batch import (group_first, group_sum, is_first, key_batch, live_slots,
@@ -107,6 +108,7 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
     if grads.size != n * table.embedding_dim:
         raise OpArgumentError(op, "grad", f"[{n}, {table.embedding_dim}] float32 (one row per "
                               "key)", f"shape {tuple(grads.shape)}")
+    _check_state(op, table, state)
     if amsgrad and state.max_v.shape[0] != table.bucket_size:
         raise OpArgumentError(op, "state", "a state from adam_w_init(table, amsgrad=True)",
                               "a state without max_v", "Create the state with amsgrad=True.")
@@ -114,6 +116,21 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
     return APPLY_ADAM_W(table, state, flat, grads.reshape(n, table.embedding_dim), lr,
                         weight_decay, beta1, beta2, epsilon, slots, amsgrad=amsgrad,
                         maximize=maximize)
+
+
+def _check_state(op: str, table: HashTable, state: Any) -> None:
+    """``state`` is an :class:`AdamWState` of ``table``'s shape (not another table's)."""
+    if not isinstance(state, AdamWState):
+        raise OpArgumentError(op, "state", "an AdamWState (from adam_w_init(table))",
+                              type(state).__name__)
+    want = tuple(table.values.shape)
+    for name in ("m", "v"):
+        got = tuple(np.shape(getattr(state, name)))
+        if got != want:
+            raise OpArgumentError(op, "state", f"the state of this table: {name} of shape {want}",
+                                  f"{name} of shape {got}", "The state belongs to another table "
+                                  "(or to this one before a resize): create it with "
+                                  "adam_w_init(table).")
 
 
 @APPLY_ADAM_W.kernel("xla")

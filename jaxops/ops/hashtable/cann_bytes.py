@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.table import check_table
 from jaxops.ops.hashtable.host_chunks import HostRows
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter
 
@@ -41,7 +42,7 @@ def row_bytes(embedding_dim: int) -> int:
 
 def to_cann_bytes(table: HashTable) -> np.ndarray:
     """The table as the Ascend bucket array: uint8 ``[bucket_size, row_bytes(dim)]``."""
-    host = jax.device_get(table)
+    host = jax.device_get(check_table("to_cann_bytes", table))
     return cann_rows(HostRows(*(np.asarray(getattr(host, f)) for f in HostRows._fields)))
 
 
@@ -143,6 +144,7 @@ def parse_cann_rows(rows: np.ndarray, embedding_dim: int, op: str, first_slot: i
 def handle_counters(table: HashTable) -> np.ndarray:
     """CANN's table-handle words as int64 ``[5]``: index 2 the live count, 4 the
     not-yet-exported count (index 0 is the bucket array's device address there: 0 here)."""
+    table = check_table("handle_counters", table)
     out = np.zeros(5, np.int64)
     out[2], out[4] = int(table.live), int(table.not_exported)
     return out

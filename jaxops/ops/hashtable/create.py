@@ -49,12 +49,13 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
     """
     op = INIT.name
     bucket_size = check_bucket_size(op, bucket_size)
+    embedding_dim = _check_embedding_dim(op, embedding_dim)  # before the arguments sized by it
     if initializer_mode == "random" and sampled_values is None:
         if key is None:
             raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
                                   "embedding_dim values, or key=<PRNG key>, in random mode",
                                   "neither", "Pass initializer_mode='constant' for fixed rows.")
-        return _random_table(key, bucket_size, _check_embedding_dim(op, embedding_dim))
+        return _random_table(key, bucket_size, embedding_dim)
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)

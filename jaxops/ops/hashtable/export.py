@@ -67,6 +67,9 @@ def export(tables: HashTable | Sequence[HashTable], *, export_mode: str = "all",
         exported.
     """
     single = isinstance(tables, HashTable)
+    if not single and not isinstance(tables, (list, tuple)):
+        raise OpArgumentError(EXPORT_OP.name, "tables", "a HashTable or a list of HashTables",
+                              type(tables).__name__)
     tables = [tables] if single else list(tables)
     if not tables:
         raise OpArgumentError(EXPORT_OP.name, "tables", "at least one HashTable", "none")

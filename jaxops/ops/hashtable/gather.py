@@ -30,6 +30,10 @@ def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> j
     ``[0, rows)`` raise :class:`~jaxops.errors.OpArgumentError` when ``slots`` is concrete
     (under ``jit`` they cannot be checked and read as -1).
     """
+    if not hasattr(values, "shape") or np.ndim(values) != 2:
+        raise OpArgumentError("gather", "values", "a float array [rows, dim] (a table's "
+                              "values: gather(table.values, slots))", type(values).__name__
+                              if not hasattr(values, "shape") else f"shape {np.shape(values)}")
     if not isinstance(slots, jax.core.Tracer):
         _check_slots(np.asarray(slots), values.shape[0])
     return _gather(values, jnp.asarray(slots), default_value)

@@ -89,6 +89,7 @@ def lookup(table: HashTable, keys: Any) -> jax.Array:
     ``jax.grad(lambda v: loss(lookup(table.replace(values=v), keys)))(table.values)``
     scatter-adds each row's gradient into its slot (see :func:`gather`).
     """
+    table = check_table("lookup", table)
     return gather(table.values, locate(table, keys))
 
 
@@ -100,7 +101,7 @@ def find(table: HashTable, keys: Any, *, default_value: float = 0.0
         float32 ``keys.shape + (dim,)`` rows (``default_value`` where absent or evicted) and
         bool ``keys.shape``.
     """
-    slots = locate(table, keys)
+    slots = locate(check_table("find", table), keys)
     return gather(table.values, slots, float(default_value)), slots >= 0
 
 
@@ -225,7 +226,7 @@ def _effective_keys(words: Words64, filter_key_flag, filter_key, default_key_or_
 
 
 def _const_words(value: int) -> tuple[np.uint32, np.uint32]:
-    pair = np.array([value], np.int64).view(np.uint32)
+    pair = np.array([value % 2**64], np.uint64).view(np.uint32)  # uint64 keys: their bits
     return pair[0], pair[1]
 
 

@@ -19,10 +19,10 @@ def _non_negative(v) -> bool:
 
 
 def _int64(v) -> bool:
-    return -2**63 <= v < 2**63
+    return -2**63 <= v < 2**64
 
 
-_INT64 = "an int64 key in [-2**63, 2**63)"
+_INT64 = "a key in [-2**63, 2**64) (int64, or a uint64 bit pattern)"
 
 
 INIT = register_op(OpDef(

@@ -6,6 +6,12 @@ Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a f
 ``(lo, hi)`` so that every operation runs the same with ``jax_enable_x64`` off and on; they
 become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
 
+A key is a 64-bit pattern. Keys are taken as int64 (CANN's dtype) or, for hashes, as uint64:
+uint64 ``k >= 2**63`` is the same key as int64 ``k - 2**64`` (the same bits; Python ints in
+``[-2**63, 2**64)`` likewise), and other values are refused. Keys come back as int64
+(``export``, ``export_chunks``, checkpoints); ``to_host_int64(keys, signed=False)`` or
+``keys.view(np.uint64)`` gives back the uint64 keys that were passed.
+
 Flag bits (the byte CANN keeps at offset 23 of a bucket):
 
 - ``VALID`` (0x1): the slot holds a key (CANN's "published" state is 1).
@@ -26,6 +32,8 @@ Beyond CANN, every slot also has a score for eviction: the access counter (LFU) 
 >>> words = as_words(jnp.array([-1, 7], jnp.int32), "Doc", "keys")
 >>> [int(w) for w in words.lo], [int(w) for w in words.hi]
 ([4294967295, 7], [4294967295, 0])
+>>> to_host_int64(as_words([2**64 - 1, -1], "Doc", "keys"), signed=False).tolist()
+[18446744073709551615, 18446744073709551615]
 """
 
 from __future__ import annotations
@@ -69,25 +77,52 @@ def _host_words(x: np.ndarray) -> Words64:
     return Words64(jnp.asarray(pairs[..., 0]), jnp.asarray(pairs[..., 1]))
 
 
+_INTEGERS = "an integer array (int64 keys; int32/uint32 JAX arrays)"
+_RANGE = "integers in [-2**63, 2**64) (int64, or uint64 bit patterns)"
+
+
+def _python_integers(x: Any, op: str, arg: str) -> np.ndarray:
+    """Python ints (lists, nested lists) as uint64 bit patterns, each range-checked: numpy
+    alone would turn ``[2**63, -1]`` into float64 and ``[2**64]`` into objects."""
+    try:
+        items = np.asarray(x, dtype=object)
+    except ValueError as e:  # ragged nesting
+        raise OpArgumentError(op, arg, _INTEGERS, f"a ragged sequence ({e})") from None
+    flat = items.reshape(-1)
+    for v in flat:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+            raise OpDTypeError(op, arg, _INTEGERS, repr(v) if items.ndim == 0 else
+                               f"a sequence holding {v!r}")
+        if not -2**63 <= int(v) < 2**64:
+            raise OpArgumentError(op, arg, _RANGE, repr(int(v)))
+    return np.array([int(v) % 2**64 for v in flat], np.uint64).reshape(items.shape)
+
+
 def as_words(x: Any, op: str, arg: str) -> Words64:
     """64-bit integers in any accepted form → :class:`Words64` (uint32 JAX arrays).
 
-    Accepted: a ``Words64``; a numpy (or Python) integer array of any width, split on the
-    host so int64 survives with x64 off; a JAX int64/uint64 array (x64 on); a JAX
-    int8..int32 array (sign-extended) or uint8..uint32 array (zero-extended).
+    Accepted: a ``Words64``; a numpy integer array of any width (uint64 as bit patterns),
+    split on the host so int64 survives with x64 off; Python ints and (nested) lists of
+    them in ``[-2**63, 2**64)``; a JAX int64/uint64 array (x64 on); a JAX int8..int32 array
+    (sign-extended) or uint8..uint32 array (zero-extended).
     """
     if isinstance(x, Words64):
         return Words64(jnp.asarray(x.lo).astype(jnp.uint32), jnp.asarray(x.hi).astype(jnp.uint32))
     if not isinstance(x, jax.Array):
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "iu":
-            raise OpDTypeError(op, arg, "an integer array (int64 keys; int32/uint32 JAX arrays)",
-                               str(arr.dtype))
+        if isinstance(x, np.ndarray) and x.dtype != object:
+            if x.dtype.kind not in "iu":
+                raise OpDTypeError(op, arg, _INTEGERS, str(x.dtype))
+            return _host_words(x)
+        try:
+            arr = np.asarray(x)  # fast and exact when every int fits int64, or every uint64
+        except (ValueError, OverflowError):
+            arr = None
+        if arr is None or arr.dtype.kind not in "iu":
+            arr = _python_integers(x, op, arg)
         return _host_words(arr)
     dtype = np.dtype(x.dtype)
     if dtype.kind not in "iu":
-        raise OpDTypeError(op, arg, "an integer array (int64 keys; int32/uint32 JAX arrays)",
-                           str(dtype))
+        raise OpDTypeError(op, arg, _INTEGERS, str(dtype))
     if dtype.itemsize == 8:
         return Words64((x & 0xFFFFFFFF).astype(jnp.uint32), (x >> 32).astype(jnp.uint32))
     lo = x.astype(jnp.uint32)  # two's complement bits for signed inputs

@@ -12,9 +12,16 @@ Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the t
 - corner boxes may give either diagonal pair of corners; disjoint and zero-area boxes never
   suppress anything (their IoU is 0, or 0/0);
 - with ``score_threshold``, only scores strictly greater than it are candidates;
-- **NaN scores are never selected** (ONNX leaves this undefined; ONNX Runtime's heap then
-  orders them arbitrarily, torchvision sorts them first). A box with a NaN coordinate is
-  never suppressed and suppresses nothing (every comparison with NaN is false).
+- **non-finite scores**: ``+inf`` ranks first, ``-inf`` last (a candidate unless a
+  ``score_threshold`` is given); **NaN scores are never selected** (ONNX leaves this
+  undefined; ONNX Runtime's heap then orders them arbitrarily, and drops them when a
+  ``score_threshold`` is given, as we do; torchvision sorts them first);
+- **non-finite coordinates**: a box with a NaN or infinite coordinate (or an area that
+  overflows to inf) never suppresses another box and is never suppressed; it is selected on
+  its score alone, like any box. That is what ONNX Runtime's ``SuppressByIOU`` and
+  torchvision's CPU ``nms`` compute: such a box's IoU with any box is NaN (NaN area, or
+  ``inf - inf`` in the union) or 0 (an infinite union), never above a threshold in
+  ``[0, 1]``; :func:`~jaxops.ops.nms.iou.suppresses` reproduces their float operations.
 
 Precision modes (``impl_mode=`` or :func:`jaxops.impl_mode`); both compute the IoU as
 ``inter / union`` in float32 exactly as ONNX Runtime does. ``high_precision`` (the default)
@@ -190,7 +197,9 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
       max_output_boxes_per_class: most boxes kept per batch and class; **0 selects nothing**
         (the ONNX default; ONNX Runtime agrees).
       iou_threshold: in ``[0, 1]``; a box is suppressed when its IoU with a kept box of the
-        same batch and class is strictly greater.
+        same batch and class is strictly greater. A box with a NaN or infinite coordinate
+        neither suppresses nor is suppressed, and a NaN score is never selected (as ONNX
+        Runtime; see the module docstring).
       score_threshold: when given, only scores strictly greater are candidates.
       center_point_box: 0 (corners) or 1 (centre and size).
       size: capacity in rows; ``None`` is the maximum ``B * C * min(N, max_output_...)``. When
@@ -261,6 +270,8 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
       DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score, padded
       with -1. Differences from torchvision: NaN scores are never kept (torchvision sorts
       them first); thresholds outside ``[0, 1]`` raise; indices are int32 unless x64 is on.
+      As in torchvision, a box with a NaN or infinite coordinate neither suppresses nor is
+      suppressed (see the module docstring).
 
     Examples:
       >>> import jax.numpy as jnp, jaxops

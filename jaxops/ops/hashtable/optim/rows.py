@@ -94,6 +94,21 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
     return slot, summed, jnp.sum(key == _LAST, dtype=jnp.int32)
 
 
+def _check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTable,
+                state: Any) -> None:
+    """``state`` has the structure and leaf shapes ``init_state(table)`` gives: a state made
+    for another table (or for this one before a resize) is refused by name."""
+    want = jax.eval_shape(init_state, table)
+    shapes = lambda tree: [tuple(np.shape(x)) for x in jax.tree.leaves(tree)]  # noqa: E731
+    same_tree = jax.tree.structure(state) == jax.tree.structure(want)
+    if not same_tree or shapes(state) != shapes(want):
+        raise OpArgumentError(op, "state", f"the state of this table ({type(want).__name__} "
+                              f"with leaf shapes {shapes(want)})",
+                              f"{type(state).__name__} with leaf shapes {shapes(state)}",
+                              "The state belongs to another table (or to this one before a "
+                              "resize): create it with init(table).")
+
+
 def _per_slot(leaf: Any, bucket_size: int) -> bool:
     return jnp.ndim(leaf) >= 1 and jnp.shape(leaf)[0] == bucket_size
 
@@ -176,6 +191,7 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
     def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
                ) -> tuple[HashTable, Any]:
         flat_slots, flat_grads = check_update_args(op, table, slots, grads)
+        _check_state(op, init_state, table, state)
         return _apply(rule, table, state, flat_slots, flat_grads, step)
 
     init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
