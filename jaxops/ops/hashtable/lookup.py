@@ -29,6 +29,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
                                         key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.lanes import while_loop
 from jaxops.ops.hashtable.load import apply_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
@@ -250,6 +251,6 @@ def _refused_by_counter(first, member, before: Words64, was_admitted, filter_fre
         return rank + 1, remaining & ~next_up & (rank + 1 < need), refused
 
     start = member & (need > 1)
-    _, _, refused = jax.lax.while_loop(lambda s: jnp.any(s[1]), peel,
-                                       (jnp.int32(1), start, jnp.zeros(n, bool)))
+    _, _, refused = while_loop(lambda s: jnp.any(s[1]), peel,
+                               (jnp.int32(1), start, jnp.zeros(n, bool)))
     return refused
