@@ -171,12 +171,15 @@ def _lookup_or_insert_kernel(table, words, **attrs):
 @functools.partial(jax.jit, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
                                              "default_key", "default_value", "filter_key_flag",
                                              "filter_key"))
-def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_freq,
-                      default_key_or_value, default_key, default_value, filter_key_flag,
-                      filter_key):
+def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_mode,
+                      filter_freq, default_key_or_value, default_key, default_value,
+                      filter_key_flag, filter_key):
+    # ``active``: bool [N], False for padding lanes (a sharded table's routing buffers),
+    # which do nothing and count nowhere.
     size = table.bucket_size
     n = words.lo.shape[0]
-    skip = jnp.zeros(n, bool)
+    padding = jnp.zeros(n, bool) if active is None else ~active
+    skip = padding
     if filter_key_flag:
         f_lo, f_hi = _const_words(filter_key)
         is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
@@ -185,7 +188,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
             words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
                             jnp.where(is_filter_key, d_hi, words.hi))
         else:
-            skip = is_filter_key
+            skip = skip | is_filter_key
     batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
     valid = ~skip
     first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
@@ -225,7 +228,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
-                      jnp.sum(skip, dtype=jnp.int32), new_table.live > table.max_live)
+                      jnp.sum(skip & ~padding, dtype=jnp.int32), new_table.live > table.max_live)
     return new_table, rows, info
 
 
