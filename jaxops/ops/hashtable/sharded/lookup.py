@@ -148,16 +148,9 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
         grown, keys, route_capacity=route_capacity, overflow=overflow, **attrs))
 
 
-_LOOKUP_DEFAULTS = dict(filter_mode="no_filter", filter_freq=0, default_key_or_value=False,
-                        default_key=0, default_value=0.0, filter_key_flag=False, filter_key=-1)
-
-
 def _defaults(attrs: dict) -> dict:
-    unknown = set(attrs) - set(_LOOKUP_DEFAULTS)
-    if unknown:
-        raise OpArgumentError(LOOKUP_OR_INSERT.name, sorted(unknown)[0],
-                              f"one of {sorted(_LOOKUP_DEFAULTS)}", "an unknown keyword")
-    out = {**_LOOKUP_DEFAULTS, **attrs}
+    """The attributes checked (a bad name or value raises, naming it) and completed."""
+    out = LOOKUP_OR_INSERT.check_attrs(attrs)
     if not 0 <= int(out["filter_freq"]) < 2**31:
         raise OpArgumentError(LOOKUP_OR_INSERT.name, "filter_freq", "an int in [0, 2**31)",
                               repr(out["filter_freq"]))

@@ -171,8 +171,7 @@ def _initializer(mesh, axis, per, dim, kwargs, has_key, has_sampled):
         return expand(table)
 
     spec = P(axis)
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), spec), out_specs=spec,
-                                 check_vma=False))
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), spec), out_specs=spec))
 
 
 def squeeze(tree: Any) -> Any:
