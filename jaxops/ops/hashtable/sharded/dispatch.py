@@ -21,13 +21,14 @@ from collections.abc import Callable
 
 from jaxops.ops.hashtable import adamw, checkpoint, evict as evict_mod, export as export_mod
 from jaxops.ops.hashtable import gather as gather_mod, import_ as import_mod, lookup as lookup_mod
-from jaxops.ops.hashtable import resize as resize_mod
+from jaxops.ops.hashtable import load as load_policy, resize as resize_mod
 from jaxops.ops.hashtable.sharded import checkpoint as sharded_checkpoint
 from jaxops.ops.hashtable.sharded import io, lookup as sharded_lookup, update
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable
 
-__all__ = ["adam_w_init", "apply_adam_w", "evict", "export", "find", "gather", "import_",
-           "load", "locate", "lookup", "lookup_or_insert", "resize", "save"]
+__all__ = ["adam_w_init", "apply_adam_w", "compact", "evict", "export", "find", "gather",
+           "import_", "load", "locate", "lookup", "lookup_or_insert", "resize", "save",
+           "set_load_policy"]
 
 _NOTE = """
     A :class:`~jaxops.ops.hashtable.sharded.table.ShardedHashTable` is accepted as well
@@ -60,6 +61,8 @@ adam_w_init = _either(adamw.adam_w_init, update.adam_w_init)
 export = _either(export_mod.export, io.export)
 resize = _either(resize_mod.resize, io.resize)
 save = _either(checkpoint.save, sharded_checkpoint.save)
+compact = _either(resize_mod.compact, io.compact)
+set_load_policy = _either(load_policy.set_load_policy, io.set_load_policy)
 
 
 @functools.wraps(checkpoint.load)

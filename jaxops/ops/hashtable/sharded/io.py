@@ -29,12 +29,13 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.hashtable.export import _export_one, mark_exported
+from jaxops.ops.hashtable.load import set_load_policy as set_load_policy_one
 from jaxops.ops.hashtable.opdefs import EXPORT as EXPORT_OP
 from jaxops.ops.hashtable.resize import resize as resize_one
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 
-__all__ = ["assemble", "export", "local_shards", "resize"]
+__all__ = ["assemble", "compact", "export", "local_shards", "resize", "set_load_policy"]
 
 
 def export(table: ShardedHashTable, *, export_mode: str = "all",
@@ -117,6 +118,19 @@ def resize(table: ShardedHashTable, new_num_slots: int, *, initializer_mode: str
     fn = _resizer(table.mesh, table.axis, per, initializer_mode, float(constant_value),
                   key is not None)
     return table.replace(shards=fn(table.shards, key))
+
+
+def compact(table: ShardedHashTable, **init) -> ShardedHashTable:
+    """Every shard rebuilt at its size without tombstones (see
+    :func:`~jaxops.ops.hashtable.resize.compact`)."""
+    return resize(check_sharded("compact", table), table.bucket_size, **init)
+
+
+def set_load_policy(table: ShardedHashTable, **policy) -> ShardedHashTable:
+    """Every shard's load limit and policy (see
+    :func:`~jaxops.ops.hashtable.load.set_load_policy`); the limit applies per shard."""
+    table = check_sharded("set_load_policy", table)
+    return table.replace(shards=set_load_policy_one(table.shards, **policy))
 
 
 @functools.lru_cache(maxsize=32)
