@@ -32,8 +32,10 @@ __all__ = ["adam_w_init", "apply_adam_w", "compact", "evict", "export", "find", 
 
 _NOTE = """
     A :class:`~jaxops.ops.hashtable.sharded.table.ShardedHashTable` is accepted as well
-    (see :func:`{target}`; extra keywords ``route_capacity`` and ``overflow``).
+    (see :func:`{target}`; extra keywords ``route_capacity`` and ``overflow``, which a
+    single table ignores).
 """
+_ROUTING = ("route_capacity", "overflow")
 
 
 def _either(single: Callable, sharded: Callable) -> Callable:
@@ -41,6 +43,8 @@ def _either(single: Callable, sharded: Callable) -> Callable:
     def call(table, *args, **kwargs):
         if isinstance(table, ShardedHashTable):
             return sharded(table, *args, **kwargs)
+        for name in _ROUTING:  # one table routes nothing: the same step runs on either
+            kwargs.pop(name, None)
         return single(table, *args, **kwargs)
 
     if single.__doc__:
