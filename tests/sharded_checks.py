@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxops.hashtable as ht  # noqa: E402
-from jaxops.core.errors import CapacityOverflowError  # noqa: E402
+from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
 from jaxops.ops.hashtable.table import EVICTED, VALID  # noqa: E402
 
 DIM = 4
@@ -167,6 +167,12 @@ def routing_overflow_is_reported():
     needed = max(np.bincount(row, minlength=8).max() for row in dest)
     assert int(info.route.lost) == int((~want_served).sum()) and int(info.route.needed) == needed
     assert int(new.live) == int(want_served.sum()) == int(info.inserted)
+    assert int(new.unrouted) == int((~want_served).sum()) and int(t.unrouted) == 0
+    try:  # a read inside jit has no table to count unserved keys in: it must ask for them
+        jax.jit(lambda t: ht.find(t, keys, route_capacity=cap))(t)
+        raise AssertionError("find inside jit with route_capacity and no with_route ran")
+    except OpArgumentError as e:
+        assert e.arg == "with_route", e
     rows = np.asarray(rows)
     assert np.all(rows[~want_served] == -1.0) and np.all(rows[want_served] == 0.5)
     try:

@@ -45,7 +45,7 @@ from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.resize import _rehash
 from jaxops.ops.hashtable.sharded.io import assemble, local_shards
 from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_mesh_axis,
-                                                check_sharded, owner_shard)
+                                                check_sharded, owner_shard, unrouted_count)
 from jaxops.ops.hashtable.table import EVICTED, VALID, HashTable, as_counter
 
 __all__ = ["MANIFEST", "is_sharded_checkpoint", "load", "save"]
@@ -76,7 +76,8 @@ def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
         manifest = {"format": _FORMAT, "version": 1, "num_shards": n,
                     "shard_size": table.shard_size, "embedding_dim": table.embedding_dim,
                     "axis": table.axis, "files": names,
-                    "max_load_factor": shards.max_load_factor, "load_policy": shards.load_policy}
+                    "max_load_factor": shards.max_load_factor, "load_policy": shards.load_policy,
+                    "unrouted": int(table.unrouted)}
         with atomic_writer("save", os.path.join(path, MANIFEST)) as f:
             f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
         for entry in os.listdir(path):
@@ -155,7 +156,8 @@ def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = N
         local = {i: load_one(files[i]).replace(**policy) for i in wanted}
     else:
         local = _reinsert(files, wanted, m, per, dim, float(constant_value), policy, path)
-    return ShardedHashTable(assemble(local, mesh, axis, m), mesh, axis)
+    return ShardedHashTable(assemble(local, mesh, axis, m),
+                            unrouted_count(mesh, manifest.get("unrouted", 0)), mesh, axis)
 
 
 def _shards_here(mesh, axis) -> dict:

@@ -140,7 +140,7 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
         info = ShardedLookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts, over,
                                  RouteInfo(served.reshape(shape), needed, lost,
                                            jnp.int32(capacity)))
-        return (table.replace(shards=new), rows.reshape(*shape, table.embedding_dim), info)
+        return (table.after_call(new, lost), rows.reshape(*shape, table.embedding_dim), info)
 
     result = call.with_route_policy(op, overflow, route_capacity, attempt,
                                     lambda r: r[2].route, call.local_batch(table, n))
@@ -203,24 +203,42 @@ def _read(op: str, table: ShardedHashTable, keys: Any, default_value: float,
                                   call.local_batch(table, n))
 
 
-def locate(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand"
-           ) -> jax.Array:
-    """Global slot of each key (int32, keys' shape), -1 for absent and evicted keys."""
-    return _read("locate", table, keys, 0.0, route_capacity, overflow)[1]
+def with_route_info(op: str, result: tuple, route: RouteInfo, route_capacity, with_route: bool):
+    """``result`` (plus ``route`` when asked). A read returns no table to count unserved
+    keys in, so inside ``jit`` a given ``route_capacity`` needs ``with_route=True``."""
+    if with_route:
+        return (*result, route)
+    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):
+        raise OpArgumentError(op, "with_route", "True when route_capacity is given inside jit "
+                              "(the RouteInfo is the only report of keys that did not fit)",
+                              "False", f"Call {op}(..., with_route=True) and check info.lost.")
+    return result[0] if len(result) == 1 else result
+
+
+def locate(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand",
+           with_route: bool = False) -> jax.Array:
+    """Global slot of each key (int32, keys' shape), -1 for absent and evicted keys.
+
+    ``with_route=True`` returns ``(slots, route)`` with the :class:`~.route.RouteInfo`
+    (as ``find``, ``lookup`` and ``gather`` do).
+    """
+    _, slots, route = _read("locate", table, keys, 0.0, route_capacity, overflow)
+    return with_route_info("locate", (slots,), route, route_capacity, with_route)
 
 
 def find(table: ShardedHashTable, keys: Any, *, default_value: float = 0.0,
-         route_capacity=None, overflow="expand") -> tuple[jax.Array, jax.Array]:
+         route_capacity=None, overflow="expand", with_route: bool = False):
     """``(values, found)`` for ``keys`` without changing the table (as for one table)."""
-    rows, slots, _ = _read("find", table, keys, default_value, route_capacity, overflow)
-    return rows, slots >= 0
+    rows, slots, route = _read("find", table, keys, default_value, route_capacity, overflow)
+    return with_route_info("find", (rows, slots >= 0), route, route_capacity, with_route)
 
 
-def lookup(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand"
-           ) -> jax.Array:
+def lookup(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand",
+           with_route: bool = False):
     """Rows of ``keys`` (zeros for absent keys), differentiable w.r.t. ``table.values``:
     the cotangents travel back to the owner shards through the exchange's transpose."""
-    return _read("lookup", table, keys, 0.0, route_capacity, overflow)[0]
+    rows, _, route = _read("lookup", table, keys, 0.0, route_capacity, overflow)
+    return with_route_info("lookup", (rows,), route, route_capacity, with_route)
 
 
 def _gather_local(statics, values, slots, active, replicated, capacity):
@@ -228,11 +246,12 @@ def _gather_local(statics, values, slots, active, replicated, capacity):
     ex = route_slots(where, slots, active, capacity)
     local, _ = ex.received
     rows = gather_rows(values, jnp.where(ex.active, local, -1), default_value)
-    return None, (receive(rows, ex, default_value),), (ex.info.needed, ex.info.lost)
+    return None, (receive(rows, ex, default_value), ex.info.served), (ex.info.needed,
+                                                                       ex.info.lost)
 
 
 def gather(table: ShardedHashTable, slots: jax.Array, default_value: float = 0.0, *,
-           route_capacity=None, overflow="expand") -> jax.Array:
+           route_capacity=None, overflow="expand", with_route: bool = False):
     """Rows at global ``slots`` (e.g. ``info.slots``; -1 gives ``default_value``),
     differentiable w.r.t. ``table.values``."""
     op = "gather"
@@ -245,10 +264,11 @@ def gather(table: ShardedHashTable, slots: jax.Array, default_value: float = 0.0
 
     def attempt(capacity):
         capacity = call.check_capacity(op, table, n, capacity)
-        _, (rows,), (needed, lost) = call.run(_gather_local, statics, table, table.values,
+        _, (rows, served), (needed, lost) = call.run(_gather_local, statics, table, table.values,
                                               flat, None, capacity)
         return rows.reshape(*shape, table.embedding_dim), RouteInfo(
-            jnp.ones(shape, bool), needed, lost, jnp.int32(capacity))
+            served.reshape(shape), needed, lost, jnp.int32(capacity))
 
-    return call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[1],
-                                  call.local_batch(table, n))[0]
+    rows, route = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[1],
+                                         call.local_batch(table, n))
+    return with_route_info(op, (rows,), route, route_capacity, with_route)

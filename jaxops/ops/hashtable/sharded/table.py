@@ -50,10 +50,14 @@ class ShardedHashTable:
     Attributes:
         shards: a :class:`HashTable` whose every leaf has a leading axis of ``num_shards``
             (``values``: ``[num_shards, shard_size, dim]``; ``live``: ``[num_shards]``).
+        unrouted: int32 scalar (replicated): keys so far that did not fit a routing buffer
+            (``route_capacity``) in a call that returned this table, so were not served
+            (each call's info also reports its own); never lost silently.
         mesh, axis: static; the mesh and the name of the axis the shards lie along.
     """
 
     shards: HashTable
+    unrouted: jax.Array
     mesh: Mesh = dataclasses.field(metadata={"static": True})
     axis: str = dataclasses.field(metadata={"static": True})
 
@@ -102,10 +106,15 @@ class ShardedHashTable:
         return NamedSharding(self.mesh, P(self.axis))
 
     def replace(self, **changes) -> "ShardedHashTable":
-        """A copy with fields of the local tables replaced (``values=...``), or ``shards=``."""
-        if "shards" in changes:
+        """A copy with fields of the local tables replaced (``values=...``), or ``shards=``
+        (and ``unrouted=``)."""
+        if "shards" in changes or "unrouted" in changes:
             return dataclasses.replace(self, **changes)
         return dataclasses.replace(self, shards=self.shards.replace(**changes))
+
+    def after_call(self, shards: HashTable, lost: jax.Array) -> "ShardedHashTable":
+        """The table a call returns: new ``shards``, ``lost`` keys added to ``unrouted``."""
+        return dataclasses.replace(self, shards=shards, unrouted=self.unrouted + lost)
 
     def __repr__(self) -> str:
         return (f"ShardedHashTable(num_shards={self.num_shards}, shard_size={self.shard_size}, "
@@ -158,7 +167,7 @@ def init_sharded_table(num_slots: int, embedding_dim: int, mesh: Mesh, axis: str
         sampled = sampled.reshape(shards, per, embedding_dim)
     make = _initializer(mesh, axis, per, int(embedding_dim), tuple(sorted(init_kwargs.items())),
                         key is not None, sampled is not None)
-    return ShardedHashTable(make(key, sampled), mesh, axis)
+    return ShardedHashTable(make(key, sampled), unrouted_count(mesh, 0), mesh, axis)
 
 
 @functools.lru_cache(maxsize=32)
@@ -172,6 +181,11 @@ def _initializer(mesh, axis, per, dim, kwargs, has_key, has_sampled):
 
     spec = P(axis)
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), spec), out_specs=spec))
+
+
+def unrouted_count(mesh: Mesh, value: int) -> jax.Array:
+    """A replicated int32 scalar on ``mesh`` (the :attr:`ShardedHashTable.unrouted` count)."""
+    return jax.device_put(np.int32(value), NamedSharding(mesh, P()))
 
 
 def squeeze(tree: Any) -> Any:

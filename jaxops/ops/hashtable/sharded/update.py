@@ -118,7 +118,7 @@ def apply_adam_w(table: ShardedHashTable, state: Any, keys: Any, grads: jax.Arra
         capacity = call.check_capacity(op, table, n, capacity)
         (new, opt), _, route = call.run(_adam_local, statics, table, (table.shards, state),
                                         batch, hyper, capacity)
-        return table.replace(shards=new), opt, RouteInfo(None, *route, jnp.int32(capacity))
+        return table.after_call(new, route[1]), opt, RouteInfo(None, *route, jnp.int32(capacity))
 
     new, opt, _ = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[2],
                                          call.local_batch(table, n))
@@ -152,7 +152,7 @@ def row_optimizer_update(op: str, rule: Callable, table: ShardedHashTable, state
         capacity = call.check_capacity(op, table, n, capacity)
         (new, opt), _, route = call.run(_optim_local, (where_of(table), rule), table,
                                         (table.shards, state), (flat, grads), step, capacity)
-        return table.replace(shards=new), opt, RouteInfo(None, *route, jnp.int32(capacity))
+        return table.after_call(new, route[1]), opt, RouteInfo(None, *route, jnp.int32(capacity))
 
     new, opt, _ = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[2],
                                          call.local_batch(table, n))
@@ -191,7 +191,7 @@ def evict(table: ShardedHashTable, keys: Any, *, init_mode: str = "constant",
         capacity = call.check_capacity(op, table, n, capacity)
         new, _, route = call.run(_evict_local, statics, table, table.shards,
                                  (words, sampled_values), None, capacity)
-        return table.replace(shards=new), RouteInfo(None, *route, jnp.int32(capacity))
+        return table.after_call(new, route[1]), RouteInfo(None, *route, jnp.int32(capacity))
 
     return call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[1],
                                   call.local_batch(table, n))[0]
@@ -231,7 +231,7 @@ def import_(table: ShardedHashTable, keys: Any, counters: Any, filter_flags: Any
         capacity = call.check_capacity(op, table, n, capacity)
         new, (slots, _), (inserted, unplaced, over, needed, lost) = call.run(
             _import_local, (where_of(table),), table, table.shards, batch, None, capacity)
-        return (table.replace(shards=new), ImportInfo(slots, inserted, unplaced, over),
+        return (table.after_call(new, lost), ImportInfo(slots, inserted, unplaced, over),
                 RouteInfo(None, needed, lost, jnp.int32(capacity)))
 
     new, info, _ = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[2],
