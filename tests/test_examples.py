@@ -41,3 +41,9 @@ def test_capacity_tuning(tmp_path):
     assert 0 < out["capacity"] <= 80 and out["saving"] > 0
     assert os.path.getsize(path) > 1000
     assert np.isfinite(out["observed_overflow"])
+
+
+def test_sharded_embedding():
+    out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
+    assert out["last_loss"] < out["first_loss"]
+    assert out["same_after_reshard"] and out["live"] > 0

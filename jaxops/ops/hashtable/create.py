@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.lanes import while_loop
 from jaxops.ops.hashtable.opdefs import INIT
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 
@@ -101,6 +102,7 @@ def _random_table(key, bucket_size, embedding_dim):
         # table's end (deterministic, like every other chunk).
         return jax.lax.dynamic_update_slice_in_dim(values, chunk, i * rows, 0)
 
-    values = jax.lax.fori_loop(0, steps, draw, jnp.zeros((bucket_size, embedding_dim),
-                                                         jnp.float32))
+    # lanes.while_loop: also inside shard_map(check_vma=True) with a device-varying key.
+    _, values = while_loop(lambda s: s[0] < steps, lambda s: (s[0] + 1, draw(*s)),
+                           (jnp.int32(0), jnp.zeros((bucket_size, embedding_dim), jnp.float32)))
     return HashTable.empty(bucket_size, embedding_dim, values)

@@ -65,10 +65,11 @@ def evict(table: HashTable, keys: Any, *, init_mode: str = "constant", const_val
 
 @EVICT.kernel("xla")
 @functools.partial(jax.jit, static_argnames=("init_mode", "const_val"))
-def _evict_kernel(table: HashTable, words: Words64, sampled_values, *, init_mode, const_val):
+def _evict_kernel(table: HashTable, words: Words64, sampled_values, active=None, *, init_mode,
+                  const_val):
     size = table.bucket_size
     batch = key_batch(EVICT.name, words, size)
-    slot, old = live_slots_and_flags(table, batch)
+    slot, old = live_slots_and_flags(table, batch, active)  # active: False on padding lanes
     lead = is_first(group_first(batch.words, slot >= 0), slot >= 0)  # repeats see a tombstone
     rows = sampled_values if init_mode == "random" else \
         jnp.full((slot.shape[0], table.embedding_dim), const_val, jnp.float32)

@@ -94,10 +94,12 @@ def _count_new(table: HashTable, words: Words64):
 
 @IMPORT.kernel("xla")
 @jax.jit
-def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values):
+def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values,
+                   active=None):
     size = table.bucket_size
     batch = key_batch(IMPORT.name, words, size)
-    everyone = jnp.ones(words.lo.shape[0], bool)
+    # active: False on padding lanes (a sharded table's routing buffers)
+    everyone = jnp.ones(words.lo.shape[0], bool) if active is None else active
     first = group_first(batch.words, everyone)
     place = find_or_place(table, batch, everyone, first)
     slot, old = place.slot, place.old_flags
@@ -106,7 +108,7 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
     absent = (old & VALID) == 0
     inserted = jnp.sum(lead & (absent | revived), dtype=jnp.int32)
     first_export = jnp.sum(lead & ~absent & ~revived & ((old & EXPORT) == 0), dtype=jnp.int32)
-    unplaced = jnp.sum(slot < 0, dtype=jnp.int32)
+    unplaced = jnp.sum(everyone & (slot < 0), dtype=jnp.int32)
     flags = jnp.where(filter_flags != 0, jnp.uint8(VALID | EXPORT | FILTER),
                       jnp.uint8(VALID | EXPORT))
     table = table.replace(

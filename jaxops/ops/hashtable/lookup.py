@@ -32,6 +32,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
                                         key_batch, live_slots, set_rows)
 from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.lanes import while_loop
 from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.probe import take
@@ -239,12 +240,16 @@ def _lookup_or_insert_kernel(table, words, **attrs):
 @functools.partial(jax.jit, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
                                              "default_key", "default_value", "filter_key_flag",
                                              "filter_key"))
-def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_freq,
-                      default_key_or_value, default_key, default_value, filter_key_flag,
-                      filter_key):
+def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_mode,
+                      filter_freq, default_key_or_value, default_key, default_value,
+                      filter_key_flag, filter_key):
+    # ``active``: bool [N], False for padding lanes (a sharded table's routing buffers),
+    # which do nothing and count nowhere.
     size = table.bucket_size
     words, skip = _effective_keys(words, filter_key_flag, filter_key, default_key_or_value,
                                   default_key)
+    padding = jnp.zeros(words.lo.shape[0], bool) if active is None else ~active
+    skip = skip | padding
     batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
     valid = ~skip
     first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
@@ -288,7 +293,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, *, filter_mode, filter_f
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
-                      jnp.sum(skip, dtype=jnp.int32), new_table.live > table.max_live)
+                      jnp.sum(skip & ~padding, dtype=jnp.int32), new_table.live > table.max_live)
     return new_table, rows, info
 
 
@@ -314,6 +319,6 @@ def _refused_by_counter(first, member, before: Words64, was_admitted, filter_fre
         return rank + 1, remaining & ~next_up & (rank + 1 < need), refused
 
     start = member & (need > 1)
-    _, _, refused = jax.lax.while_loop(lambda s: jnp.any(s[1]), peel,
-                                       (jnp.int32(1), start, jnp.zeros(n, bool)))
+    _, _, refused = while_loop(lambda s: jnp.any(s[1]), peel,
+                               (jnp.int32(1), start, jnp.zeros(n, bool)))
     return refused

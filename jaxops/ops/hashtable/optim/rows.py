@@ -159,6 +159,14 @@ def _apply(rule: Rule, table: HashTable, state: Any, slots: jax.Array, grads: ja
             type(state)(*tree.unflatten(out), state.skipped + absent))
 
 
+def _sharded_ops(table: Any) -> Any:
+    """The sharded-table updates when ``table`` is a ShardedHashTable, else None (imported
+    here: that module imports this one)."""
+    from jaxops.ops.hashtable.sharded import update
+
+    return update if isinstance(table, update.ShardedHashTable) else None
+
+
 def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: Rule
                        ) -> RowOptimizer:
     """A :class:`RowOptimizer` from a state constructor and a row rule.
@@ -183,6 +191,9 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
     op = f"hashtable.optim.{name}"
 
     def init(table: HashTable) -> Any:
+        sharded = _sharded_ops(table)
+        if sharded:  # the state of every shard, sharded like the table
+            return sharded.per_shard_state(table, init_state)
         if not isinstance(table, HashTable):
             raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
                                   type(table).__name__)
@@ -190,6 +201,9 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
 
     def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
                ) -> tuple[HashTable, Any]:
+        sharded = _sharded_ops(table)
+        if sharded:
+            return sharded.row_optimizer_update(op, rule, table, state, slots, grads, step)
         flat_slots, flat_grads = check_update_args(op, table, slots, grads)
         _check_state(op, init_state, table, state)
         return _apply(rule, table, state, flat_slots, flat_grads, step)

@@ -1,0 +1,1 @@
+"""Hash tables sharded by key over a mesh axis; the public API is :mod:`jaxops.hashtable`."""

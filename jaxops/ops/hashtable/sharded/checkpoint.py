@@ -1,0 +1,206 @@
+"""``save`` / ``load`` of a sharded table: one table file per shard plus a manifest.
+
+A checkpoint is a directory. ``manifest.json`` names the shard files of the current
+generation, ``g-<id>/shard-<i>-of-<n>.jxht``, each written by the single-table
+:func:`~jaxops.ops.hashtable.checkpoint.save` (versioned, checksummed, streamed). A save
+writes a new generation's files, then replaces the manifest atomically, then removes older
+generations: a crash at any point leaves a manifest naming a complete set, the old one or
+the new one (atomic as a whole). With several processes each writes the shards its devices
+hold and process 0 writes the manifest after all have finished.
+
+``load(path, mesh=..., axis=...)`` onto the same number of shards puts every file back in
+place (the same slots); onto another number (N → M, either way) it reinserts the entries:
+each file is read once (and checked, as any table file), and its live entries are placed in
+their new owner shards in ascending slot order, keeping key, counter, flags and row.
+Tombstones are not carried over (as :func:`resize`).
+
+>>> import os, tempfile, numpy as np, jax, jaxops.hashtable as ht
+>>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+>>> t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant")
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([1, 2], np.int64))
+>>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+>>> ht.save(t, path)
+>>> int(ht.load(path, mesh=mesh, axis="d").live)
+2
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import CheckpointError, OpArgumentError
+from jaxops.ops.hashtable.cann_bytes import live_counts
+from jaxops.ops.hashtable.checkpoint import load as load_one
+from jaxops.ops.hashtable.checkpoint import save as save_one
+from jaxops.ops.hashtable.checkpoint_files import atomic_writer
+from jaxops.ops.hashtable.create import init_table
+from jaxops.ops.hashtable.resize import _rehash
+from jaxops.ops.hashtable.sharded.io import assemble, local_shards
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_mesh_axis,
+                                                check_sharded, owner_shard, unrouted_count)
+from jaxops.ops.hashtable.table import EVICTED, VALID, HashTable, as_counter
+
+__all__ = ["MANIFEST", "is_sharded_checkpoint", "load", "save"]
+
+MANIFEST = "manifest.json"
+_FORMAT = "jaxops-sharded-hashtable"
+
+
+def is_sharded_checkpoint(path) -> bool:
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST))
+
+
+def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
+    """Writes ``table`` into the directory ``path`` (created if missing); see the module
+    docstring. Every process of a multi-process run must call it (a collective)."""
+    table = check_sharded("save", table)
+    path = os.fspath(path)
+    generation = _agree(f"g-{secrets.token_hex(8)}")
+    n = table.num_shards
+    names = [f"{generation}/shard-{i:05d}-of-{n:05d}.jxht" for i in range(n)]
+    os.makedirs(os.path.join(path, generation), exist_ok=True)
+    for i, local in local_shards(table).items():
+        if _writes(table, i):
+            save_one(local, os.path.join(path, names[i]))
+    _barrier("jaxops-save-shards")
+    if jax.process_index() == 0:
+        shards = table.shards
+        manifest = {"format": _FORMAT, "version": 1, "num_shards": n,
+                    "shard_size": table.shard_size, "embedding_dim": table.embedding_dim,
+                    "axis": table.axis, "files": names,
+                    "max_load_factor": shards.max_load_factor, "load_policy": shards.load_policy,
+                    "unrouted": int(table.unrouted)}
+        with atomic_writer("save", os.path.join(path, MANIFEST)) as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+        for entry in os.listdir(path):
+            if entry.startswith("g-") and entry != generation:
+                shutil.rmtree(os.path.join(path, entry), ignore_errors=True)
+    _barrier("jaxops-save-manifest")
+
+
+def _writes(table: ShardedHashTable, shard: int) -> bool:
+    """Whether this process writes ``shard``: the process of its first device (replicas
+    along other mesh axes are not written twice)."""
+    axis_pos = table.mesh.axis_names.index(table.axis)
+    devices = np.ravel(np.moveaxis(table.mesh.devices, axis_pos, 0)[shard])
+    return devices[0].process_index == jax.process_index()
+
+
+def _agree(value: str) -> str:
+    """Process 0's ``value`` on every process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(value.encode().ljust(32), np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw))).decode().strip()
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def read_manifest(path) -> dict:
+    where = repr(os.fspath(path))
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            manifest = json.loads(f.read())
+    except FileNotFoundError:
+        raise CheckpointError(f"{where}: no {MANIFEST}: not a sharded table checkpoint") from None
+    except ValueError as e:
+        raise CheckpointError(f"{where}: corrupt {MANIFEST}: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise CheckpointError(f"{where}: {MANIFEST} is not a {_FORMAT} manifest")
+    files = manifest.get("files")
+    if not isinstance(files, list) or len(files) != manifest.get("num_shards") or any(
+            not isinstance(f, str) or os.path.isabs(f) or ".." in f.split("/") for f in files):
+        raise CheckpointError(f"{where}: corrupt {MANIFEST}: bad 'files' list")
+    return manifest
+
+
+def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = None,
+         constant_value: float = 0.0) -> ShardedHashTable:
+    """Reads a checkpoint written by :func:`save` onto ``mesh``'s ``axis`` (any shard count).
+
+    Args:
+        path: the checkpoint directory.
+        mesh, axis: where the table goes.
+        shard_size: slots per new shard; default: the saved slots in all, spread evenly.
+        constant_value: the row of free slots when entries are reinserted.
+
+    Raises:
+        CheckpointError: a missing or corrupt manifest or shard file.
+        OpArgumentError: the entries do not fit ``shard_size`` in some shard.
+    """
+    op = "load"
+    m = check_mesh_axis(op, mesh, axis)
+    manifest = read_manifest(path)
+    n, size, dim = manifest["num_shards"], manifest["shard_size"], manifest["embedding_dim"]
+    per = -(-(n * size) // m) if shard_size is None else int(shard_size)
+    files = [os.path.join(path, f) for f in manifest["files"]]
+    wanted = _shards_here(mesh, axis)  # {shard: a local device that holds it}
+    policy = dict(max_load_factor=manifest["max_load_factor"],
+                  load_policy=manifest["load_policy"])
+    if n == m and per == size:
+        local = {i: load_one(files[i]).replace(**policy) for i in wanted}
+    else:
+        local = _reinsert(files, wanted, m, per, dim, float(constant_value), policy, path)
+    return ShardedHashTable(assemble(local, mesh, axis, m),
+                            unrouted_count(mesh, manifest.get("unrouted", 0)), mesh, axis)
+
+
+def _shards_here(mesh, axis) -> dict:
+    axis_pos = mesh.axis_names.index(axis)
+    devices = np.moveaxis(mesh.devices, axis_pos, 0)
+    here = {}
+    for i in range(devices.shape[0]):
+        mine = [d for d in np.ravel(devices[i]) if d.process_index == jax.process_index()]
+        if mine:
+            here[i] = mine[0]
+    return here
+
+
+def _reinsert(files, wanted, m, per, dim, constant_value, policy, path) -> dict[int, HashTable]:
+    # Each new shard is built on its device; each file is read once, then copied to the
+    # devices in turn (one shard's worth of extra memory, never the whole table).
+    targets = {j: jax.device_put(init_table(per, dim, initializer_mode="constant",
+                                            constant_value=constant_value), device)
+               for j, device in wanted.items()}
+    expected = dict.fromkeys(wanted, 0)
+    dropped = 0
+    for file in files:
+        source = load_one(file)
+        dropped += int(source.dropped)
+        for j, device in wanted.items():
+            mine, count = _owned_by(jax.device_put(source, device), j, m)
+            expected[j] += int(count)
+            targets[j] = _rehash(mine, targets[j])
+    out = {}
+    for j, t in targets.items():
+        live, not_exported = live_counts(np.asarray(jax.device_get(t.flags)))
+        if live != expected[j]:
+            raise OpArgumentError("load", "shard_size", f"room for {expected[j]} entries in "
+                                  f"shard {j}", f"{per} slots kept {live}",
+                                  f"Pass a larger shard_size to load {os.fspath(path)!r}.")
+        out[j] = t.replace(live=jnp.int32(live), not_exported=jnp.int32(not_exported),
+                           dropped=as_counter(dropped if j == 0 else 0), **policy)
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _owned_by(table: HashTable, shard: int, shards: int) -> tuple[HashTable, jax.Array]:
+    """``table`` with only the live entries owned by ``shard`` (the rest look free)."""
+    live = (table.flags & (VALID | EVICTED)) == VALID
+    mine = live & (owner_shard(table.key_lo, table.key_hi, shards) == shard)
+    return table.replace(flags=jnp.where(mine, table.flags, jnp.uint8(0))), jnp.sum(mine)

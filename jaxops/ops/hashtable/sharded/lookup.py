@@ -1,0 +1,274 @@
+"""``lookup_or_insert``, ``locate``, ``find``, ``lookup`` and ``gather`` on a sharded table.
+
+Each device routes its slice of the batch to the owner shards (:mod:`.route`), runs the
+single-table kernel there on what it received (in global batch order, so inserts, counters
+and admission follow the batch-order rule of one table), and gets rows and slots back.
+Slots are **global**: ``shard * shard_size + local slot`` (int32), -1 for none.
+
+>>> import numpy as np, jax, jaxops.hashtable as ht
+>>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+>>> t = ht.init_sharded_table(32, 2, mesh, "d", initializer_mode="constant", constant_value=1.0)
+>>> t, rows, info = ht.lookup_or_insert(t, np.array([7, 9, 7], np.int64))
+>>> rows.shape, int(info.inserted), int(t.live), int(info.route.lost)
+((3, 2), 2, 2, 0)
+>>> ht.find(t, np.array([9, 8], np.int64))[1].tolist()
+[True, False]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.batch import key_batch, live_slots
+from jaxops.ops.hashtable.gather import gather as gather_rows
+from jaxops.ops.hashtable.lookup import _lookup_or_insert
+from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
+from jaxops.ops.hashtable.sharded import call
+from jaxops.ops.hashtable.sharded.route import RouteInfo, receive, send
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, owner_shard)
+from jaxops.ops.hashtable.table import Words64, as_words
+
+__all__ = ["ShardedLookupInfo", "find", "gather", "locate", "lookup", "lookup_or_insert"]
+
+
+class ShardedLookupInfo(NamedTuple):
+    """:class:`~jaxops.ops.hashtable.lookup.LookupInfo`'s fields (slots global, counts
+    summed over the shards, ``over_limit``: some shard passed its limit) and ``route``, a
+    :class:`~.route.RouteInfo` (keys not routed are in none of the counts)."""
+
+    slots: jax.Array
+    admitted: jax.Array
+    inserted: jax.Array
+    unplaced: jax.Array
+    not_admitted: jax.Array
+    filtered: jax.Array
+    over_limit: jax.Array
+    route: RouteInfo
+
+
+class Where(NamedTuple):
+    """The static facts a shard's function needs: the axis, shard count and shard size."""
+
+    axis: str
+    shards: int
+    size: int
+
+
+def where_of(table: ShardedHashTable) -> Where:
+    return Where(table.axis, table.num_shards, table.shard_size)
+
+
+def route_keys(where: Where, words: Words64, active: jax.Array, capacity: int, extra: Any = ()):
+    """Sends each key (and its ``extra`` payload) to its owner shard."""
+    owner = owner_shard(words.lo, words.hi, where.shards)
+    return send((words, extra), owner, active, axis=where.axis, num_shards=where.shards,
+                capacity=capacity)
+
+
+def route_slots(where: Where, slots: jax.Array, active: jax.Array, capacity: int,
+                extra: Any = ()):
+    """Sends each global slot (and ``extra``) to its shard as a local slot; slot -1 goes to
+    shard 0 as -1 (an absent entry the kernels count)."""
+    owner = jnp.where(slots >= 0, slots // where.size, 0)
+    local = jnp.where(slots >= 0, slots % where.size, -1)
+    return send((local, extra), owner, active, axis=where.axis, num_shards=where.shards,
+                capacity=capacity)
+
+
+def global_slots(where: Where, slots: jax.Array) -> jax.Array:
+    base = jax.lax.axis_index(where.axis).astype(jnp.int32) * np.int32(where.size)
+    return jnp.where(slots >= 0, base + slots, -1)
+
+
+def flat_words(op: str, keys: Any) -> tuple[Words64, tuple[int, ...]]:
+    words = as_words(keys, op, "keys")
+    return Words64(words.lo.reshape(-1), words.hi.reshape(-1)), words.shape
+
+
+def total(x: jax.Array, axis: str) -> jax.Array:
+    return jax.lax.psum(x, axis)
+
+
+def _lookup_or_insert_local(statics, table, words, active, replicated, capacity):
+    where, attrs = statics
+    attrs = dict(attrs)
+    ex = route_keys(where, words, active, capacity)
+    received, _ = ex.received
+    new, rows, info = _lookup_or_insert(table, received, ex.active, **attrs)
+    per_key = (receive(rows, ex, attrs["default_value"]),
+               receive(global_slots(where, info.slots), ex, -1),
+               receive(info.admitted, ex, False), ex.info.served)
+    counts = tuple(total(c, where.axis) for c in (info.inserted, info.unplaced,
+                                                  info.not_admitted, info.filtered))
+    over = jax.lax.pmax(info.over_limit.astype(jnp.int32), where.axis) > 0
+    return new, per_key, (counts, over, ex.info.needed, ex.info.lost)
+
+
+def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int | None = None,
+                     overflow: str = "expand", **attrs) -> tuple[ShardedHashTable, jax.Array,
+                                                                 ShardedLookupInfo]:
+    """:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` on a sharded table.
+
+    Args:
+        table, keys, attrs: as for one table (``filter_mode``, ``default_value``, ...).
+        route_capacity: lanes per destination buffer on each device (static). ``None``:
+            the device's batch slice, which nothing can overflow; smaller buffers move less
+            data but may leave keys unserved (reported in ``info.route``).
+        overflow: what an eager call does when keys did not fit: ``"expand"`` (rerun at the
+            next power of two that fits), ``"error"`` or ``"truncate"`` (keys not served get
+            ``default_value``; warns). Inside ``jit``, ``info.route`` reports it.
+
+    Returns:
+        ``(table, rows, info)`` like one table's, with a :class:`ShardedLookupInfo`.
+    """
+    op = LOOKUP_OR_INSERT.name
+    table = check_sharded(op, table)
+    words, shape = flat_words(op, keys)
+    attrs = _defaults(attrs)
+    statics = (where_of(table), tuple(sorted(attrs.items())))
+    n = int(words.lo.shape[0])
+
+    def attempt(capacity):
+        capacity = call.check_capacity(op, table, n, capacity)
+        new, (rows, slots, admitted, served), (counts, over, needed, lost) = call.run(
+            _lookup_or_insert_local, statics, table, table.shards, words, None, capacity)
+        info = ShardedLookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts, over,
+                                 RouteInfo(served.reshape(shape), needed, lost,
+                                           jnp.int32(capacity)))
+        return (table.after_call(new, lost), rows.reshape(*shape, table.embedding_dim), info)
+
+    result = call.with_route_policy(op, overflow, route_capacity, attempt,
+                                    lambda r: r[2].route, call.local_batch(table, n))
+    return apply_sharded_load_policy(op, table, result, lambda grown: lookup_or_insert(
+        grown, keys, route_capacity=route_capacity, overflow=overflow, **attrs))
+
+
+def _defaults(attrs: dict) -> dict:
+    """The attributes checked (a bad name or value raises, naming it) and completed."""
+    out = LOOKUP_OR_INSERT.check_attrs(attrs)
+    if not 0 <= int(out["filter_freq"]) < 2**31:
+        raise OpArgumentError(LOOKUP_OR_INSERT.name, "filter_freq", "an int in [0, 2**31)",
+                              repr(out["filter_freq"]))
+    return out
+
+
+def apply_sharded_load_policy(op: str, table: ShardedHashTable, result: tuple, retry) -> tuple:
+    """The table's load policy when a shard passed its limit (eager calls; inside ``jit``
+    ``info.over_limit`` reports it): ``"error"`` raises, ``"grow"`` doubles every shard."""
+    over = result[-1].over_limit
+    if isinstance(over, jax.core.Tracer) or not bool(over):
+        return result
+    shards = table.shards
+    if shards.load_policy == "grow":
+        from jaxops.ops.hashtable.sharded.io import resize
+        return retry(resize(table, 2 * table.bucket_size))
+    most = int(np.max(jax.device_get(result[0].shards.live)))
+    raise OpArgumentError(op, "table", f"at most {shards.max_live} live keys per shard "
+                          f"(max_load_factor {shards.max_load_factor:g} of {shards.bucket_size} "
+                          "slots)", f"{most} in a shard after this call",
+                          "Grow the table with resize(), or set_load_policy(table, "
+                          "policy='grow').")
+
+
+def _find_local(statics, table, words, active, replicated, capacity):
+    (where, default_value) = statics
+    ex = route_keys(where, words, active, capacity)
+    received, _ = ex.received
+    slots = live_slots(table, key_batch("find", received, table.bucket_size), ex.active)
+    rows = gather_rows(table.values, slots, default_value)
+    return None, (receive(rows, ex, default_value), receive(global_slots(where, slots), ex, -1),
+                  ex.info.served), (ex.info.needed, ex.info.lost)
+
+
+def _read(op: str, table: ShardedHashTable, keys: Any, default_value: float,
+          route_capacity, overflow) -> tuple[jax.Array, jax.Array, RouteInfo]:
+    table = check_sharded(op, table)
+    words, shape = flat_words(op, keys)
+    n = int(words.lo.shape[0])
+    statics = (where_of(table), float(default_value))
+
+    def attempt(capacity):
+        capacity = call.check_capacity(op, table, n, capacity)
+        _, (rows, slots, served), (needed, lost) = call.run(
+            _find_local, statics, table, table.shards, words, None, capacity)
+        return (rows.reshape(*shape, table.embedding_dim), slots.reshape(shape),
+                RouteInfo(served.reshape(shape), needed, lost, jnp.int32(capacity)))
+
+    return call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[2],
+                                  call.local_batch(table, n))
+
+
+def with_route_info(op: str, result: tuple, route: RouteInfo, route_capacity, with_route: bool):
+    """``result`` (plus ``route`` when asked). A read returns no table to count unserved
+    keys in, so inside ``jit`` a given ``route_capacity`` needs ``with_route=True``."""
+    if with_route:
+        return (*result, route)
+    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):
+        raise OpArgumentError(op, "with_route", "True when route_capacity is given inside jit "
+                              "(the RouteInfo is the only report of keys that did not fit)",
+                              "False", f"Call {op}(..., with_route=True) and check info.lost.")
+    return result[0] if len(result) == 1 else result
+
+
+def locate(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand",
+           with_route: bool = False) -> jax.Array:
+    """Global slot of each key (int32, keys' shape), -1 for absent and evicted keys.
+
+    ``with_route=True`` returns ``(slots, route)`` with the :class:`~.route.RouteInfo`
+    (as ``find``, ``lookup`` and ``gather`` do).
+    """
+    _, slots, route = _read("locate", table, keys, 0.0, route_capacity, overflow)
+    return with_route_info("locate", (slots,), route, route_capacity, with_route)
+
+
+def find(table: ShardedHashTable, keys: Any, *, default_value: float = 0.0,
+         route_capacity=None, overflow="expand", with_route: bool = False):
+    """``(values, found)`` for ``keys`` without changing the table (as for one table)."""
+    rows, slots, route = _read("find", table, keys, default_value, route_capacity, overflow)
+    return with_route_info("find", (rows, slots >= 0), route, route_capacity, with_route)
+
+
+def lookup(table: ShardedHashTable, keys: Any, *, route_capacity=None, overflow="expand",
+           with_route: bool = False):
+    """Rows of ``keys`` (zeros for absent keys), differentiable w.r.t. ``table.values``:
+    the cotangents travel back to the owner shards through the exchange's transpose."""
+    rows, _, route = _read("lookup", table, keys, 0.0, route_capacity, overflow)
+    return with_route_info("lookup", (rows,), route, route_capacity, with_route)
+
+
+def _gather_local(statics, values, slots, active, replicated, capacity):
+    where, default_value = statics
+    ex = route_slots(where, slots, active, capacity)
+    local, _ = ex.received
+    rows = gather_rows(values, jnp.where(ex.active, local, -1), default_value)
+    return None, (receive(rows, ex, default_value), ex.info.served), (ex.info.needed,
+                                                                       ex.info.lost)
+
+
+def gather(table: ShardedHashTable, slots: jax.Array, default_value: float = 0.0, *,
+           route_capacity=None, overflow="expand", with_route: bool = False):
+    """Rows at global ``slots`` (e.g. ``info.slots``; -1 gives ``default_value``),
+    differentiable w.r.t. ``table.values``."""
+    op = "gather"
+    table = check_sharded(op, table)
+    slots = jnp.asarray(slots)
+    shape = slots.shape
+    flat = slots.reshape(-1).astype(jnp.int32)
+    n = int(flat.shape[0])
+    statics = (where_of(table), float(default_value))
+
+    def attempt(capacity):
+        capacity = call.check_capacity(op, table, n, capacity)
+        _, (rows, served), (needed, lost) = call.run(_gather_local, statics, table, table.values,
+                                              flat, None, capacity)
+        return rows.reshape(*shape, table.embedding_dim), RouteInfo(
+            served.reshape(shape), needed, lost, jnp.int32(capacity))
+
+    rows, route = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[1],
+                                         call.local_batch(table, n))
+    return with_route_info(op, (rows,), route, route_capacity, with_route)

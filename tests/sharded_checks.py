@@ -1,0 +1,301 @@
+"""Checks of sharded hash tables on 8 host devices, run in a child process.
+
+``tests/test_hashtable_sharded.py`` runs ``python tests/sharded_checks.py`` with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (it must be set before jax is
+imported, so the rest of the suite keeps one device) and reads one JSON line per check:
+``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import warnings
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jaxops.hashtable as ht  # noqa: E402
+from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
+from jaxops.ops.hashtable.table import EVICTED, VALID  # noqa: E402
+
+DIM = 4
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def mesh_of(n: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:n]), ("shard",))
+
+
+def entries(table, live_only: bool = False) -> dict:
+    """``{key: (counter, flags, row bytes)}`` of every used slot (tombstones included
+    unless ``live_only``), from a HashTable or a ShardedHashTable."""
+    t = table.shards if isinstance(table, ht.ShardedHashTable) else table
+    get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
+    flags = get(t.flags)
+    keys = ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+    counters = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
+    rows = np.asarray(jax.device_get(t.values)).reshape(-1, t.embedding_dim)
+    used = (flags & VALID) != 0
+    if live_only:
+        used &= (flags & EVICTED) == 0
+    return {int(k): (int(c), int(f), r.tobytes()) for k, c, f, r in
+            zip(keys[used], counters[used], flags[used], rows[used])}
+
+
+def same(a, b, what: str, exact_rows: bool = True) -> None:
+    """The same keys with the same counters and flags, and the same rows: bit for bit, or
+    (``exact_rows=False``, after optimizer steps) to float rounding: XLA fuses an update
+    differently in different programs; one table eager vs jitted differs the same way."""
+    def row(entry):
+        return np.frombuffer(entry[2], np.float32)
+
+    def differs(k):
+        if a[k][:2] != b[k][:2]:
+            return True
+        return a[k] != b[k] if exact_rows else not np.allclose(row(a[k]), row(b[k]), rtol=1e-5,
+                                                               atol=1e-6)
+
+    only_a, only_b = set(a) - set(b), set(b) - set(a)
+    diff = [k for k in set(a) & set(b) if differs(k)][:3]
+    if only_a or only_b or diff:
+        raise AssertionError(f"{what}: {len(a)} vs {len(b)} entries; only left {sorted(only_a)[:5]}"
+                             f", only right {sorted(only_b)[:5]}, differing {diff}: "
+                             f"{[(a[k][:2], row(a[k]), b[k][:2], row(b[k])) for k in diff]}")
+
+
+def assert_equal(a, b, what: str) -> None:
+    a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+    if a.shape != b.shape or not np.array_equal(a, b):
+        raise AssertionError(f"{what}: differ\n{a}\nvs\n{b}")
+
+
+def fresh_pair(shards: int, per_shard: int = 64):
+    single = ht.init_table(shards * per_shard * 4, DIM, initializer_mode="constant",
+                           constant_value=0.5)
+    sharded = ht.init_sharded_table(shards * per_shard, DIM, mesh_of(shards), "shard",
+                                    initializer_mode="constant", constant_value=0.5)
+    return single, sharded
+
+
+BATCH = 64  # every check uses batches of this size: the compiled programs are shared
+COUNTER = dict(filter_mode="counter", filter_freq=2)
+
+
+@check
+def random_operations_match_one_table():
+    rng = np.random.default_rng(0)
+    single, sharded = fresh_pair(8)
+    state1, state8 = ht.adam_w_init(single), ht.adam_w_init(sharded)
+    sgd = ht.optim.adagrad(0.1)
+    opt1, opt8 = sgd.init(single), sgd.init(sharded)
+    for i in range(5):
+        keys = rng.integers(-40, 160, size=BATCH).astype(np.int64)  # duplicates and -1
+        single, rows1, info1 = ht.lookup_or_insert(single, keys, **COUNTER)
+        sharded, rows8, info8 = ht.lookup_or_insert(sharded, keys, **COUNTER)
+        np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"rows of batch {i}")
+        assert_equal(info1.admitted, info8.admitted, f"admitted of batch {i}")
+        for name in ("inserted", "unplaced", "not_admitted", "filtered"):
+            assert_equal(getattr(info1, name), getattr(info8, name), f"{name} of batch {i}")
+        assert_equal(info1.slots >= 0, info8.slots >= 0, f"placed of batch {i}")
+        grads = rng.standard_normal((BATCH, DIM)).astype(np.float32)
+        if i % 3 == 0:
+            single, state1 = ht.apply_adam_w(single, state1, keys, grads, lr=0.1, weight_decay=0.01)
+            sharded, state8 = ht.apply_adam_w(sharded, state8, keys, grads, lr=0.1,
+                                              weight_decay=0.01)
+        elif i % 3 == 1:
+            single, state1 = ht.apply_adam_w(single, state1, None, grads, lr=0.1,
+                                             weight_decay=0.0, slots=info1.slots)
+            sharded, state8 = ht.apply_adam_w(sharded, state8, None, grads, lr=0.1,
+                                              weight_decay=0.0, slots=info8.slots)
+        else:
+            single, opt1 = sgd.update(single, opt1, info1.slots, grads)
+            sharded, opt8 = sgd.update(sharded, opt8, info8.slots, grads)
+        if i == 2:
+            gone = keys[:5]
+            single, sharded = ht.evict(single, gone), ht.evict(sharded, gone)
+        if i == 3:
+            new = np.array([1000, 1001, 7], np.int64)
+            args = (np.array([3, 4, 5], np.uint64), np.array([1, 0, 1], np.uint8),
+                    np.full((3, DIM), 2.0, np.float32))
+            single, _ = ht.import_(single, new, *args)
+            sharded, _ = ht.import_(sharded, new, *args)
+        same(entries(single), entries(sharded), f"entries after batch {i}", exact_rows=False)
+        assert_equal(single.live, sharded.live, "live")
+        assert_equal(single.not_exported, sharded.not_exported, "not_exported")
+    assert_equal(state1.skipped.lo, np.sum(np.asarray(state8.skipped.lo)), "adam skipped")
+    assert_equal(opt1.skipped, np.sum(np.asarray(opt8.skipped)), "adagrad skipped")
+    probe = np.arange(-5, BATCH - 5, dtype=np.int64)
+    rows1, found1 = ht.find(single, probe)
+    rows8, found8 = ht.find(sharded, probe)
+    np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6)
+    assert_equal(found1, found8, "find found")
+
+
+@check
+def routing_overflow_is_reported():
+    _, t = fresh_pair(8)
+    cand = np.arange(5000, dtype=np.int64)
+    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
+    # Skewed: 40 keys owned by shard 3, 24 by others (a table of one shard must hold them).
+    keys = np.concatenate([cand[owner == 3][:40], cand[owner != 3][:24]])
+    np.random.default_rng(4).shuffle(keys)
+    dest = owner[keys].reshape(8, BATCH // 8)  # device d sends keys[8d:8d+8]
+    cap = 2
+    rank = np.array([[np.sum(row[:j] == row[j]) for j in range(row.size)] for row in dest])
+    want_served = (rank < cap).reshape(-1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        new, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, default_value=-1.0,
+                                              overflow="truncate")
+    assert any("not served" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert_equal(info.route.served, want_served, "served")
+    needed = max(np.bincount(row, minlength=8).max() for row in dest)
+    assert int(info.route.lost) == int((~want_served).sum()) and int(info.route.needed) == needed
+    assert int(new.live) == int(want_served.sum()) == int(info.inserted)
+    assert int(new.unrouted) == int((~want_served).sum()) and int(t.unrouted) == 0
+    try:  # a read inside jit has no table to count unserved keys in: it must ask for them
+        jax.jit(lambda t: ht.find(t, keys, route_capacity=cap))(t)
+        raise AssertionError("find inside jit with route_capacity and no with_route ran")
+    except OpArgumentError as e:
+        assert e.arg == "with_route", e
+    rows = np.asarray(rows)
+    assert np.all(rows[~want_served] == -1.0) and np.all(rows[want_served] == 0.5)
+    try:
+        ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error")
+        raise AssertionError("no CapacityOverflowError")
+    except CapacityOverflowError as e:
+        assert e.true_size == needed and e.capacity == cap, e
+    full, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap)  # default: expand
+    assert int(info.route.lost) == 0 and int(full.live) == BATCH
+    assert int(info.route.capacity) >= needed
+
+
+@check
+def gradients_match_dense_reference():
+    rng = np.random.default_rng(1)
+    single, sharded = fresh_pair(8)
+    keys = rng.integers(0, 50, size=BATCH).astype(np.int64)
+    sharded, _, _ = ht.lookup_or_insert(sharded, keys, **COUNTER)
+    single, _, _ = ht.lookup_or_insert(single, keys, **COUNTER)
+    weight = jnp.asarray(rng.standard_normal((BATCH, DIM)).astype(np.float32))
+
+    def loss(table, values):
+        return jnp.sum(ht.lookup(table.replace(values=values), keys) ** 2 * weight)
+
+    g8 = jax.jit(jax.grad(lambda v: loss(sharded, v)))(sharded.values)
+    g1 = jax.grad(lambda v: loss(single, v))(single.values)
+    dense = np.zeros((50, DIM), np.float32)  # reference: d/dv sum(v[k]^2 w) = 2 v w per use
+    np.add.at(dense, keys, 2 * 0.5 * np.asarray(weight))
+    slots8 = np.asarray(ht.locate(sharded, np.arange(BATCH, dtype=np.int64)))[:50]
+    slots1 = np.asarray(ht.locate(single, np.arange(BATCH, dtype=np.int64)))[:50]
+    got8 = np.asarray(g8).reshape(-1, DIM)
+    for k in range(50):
+        want = dense[k] if slots8[k] >= 0 else np.zeros(DIM)
+        np.testing.assert_allclose(got8[slots8[k]] if slots8[k] >= 0 else 0 * want, want,
+                                   rtol=1e-6, atol=1e-6)
+        if slots1[k] >= 0:
+            assert_equal(got8[slots8[k]], np.asarray(g1)[slots1[k]], f"grad of key {k}")
+    assert np.count_nonzero(got8.any(axis=1)) == len(set(keys.tolist()))
+    rows = jax.grad(lambda v: jnp.sum(ht.gather(sharded.replace(values=v), slots8[keys])))(
+        sharded.values)
+    np.testing.assert_allclose(np.asarray(rows).sum(), BATCH * DIM)
+
+
+@check
+def save_on_8_load_on_2_and_1_and_back():
+    rng = np.random.default_rng(2)
+    _, t8 = fresh_pair(8)
+    batches = [rng.integers(0, 10**12, BATCH).astype(np.int64) for _ in range(2)]
+    for keys in batches + [batches[1]]:
+        t8, _, _ = ht.lookup_or_insert(t8, keys, **COUNTER)
+    t8 = ht.evict(t8, batches[0])  # tombstones are not carried over a reshard
+    t8, *_ = ht.export(t8, export_mode="new", size=4)  # some entries marked exported
+    want = entries(t8, live_only=True)
+    with tempfile.TemporaryDirectory() as d:
+        ht.save(t8, os.path.join(d, "a"))
+        ht.save(t8, os.path.join(d, "a"))  # a second save replaces the first generation
+        assert len([e for e in os.listdir(os.path.join(d, "a")) if e.startswith("g-")]) == 1
+        for m in (2, 1, 8):
+            back = ht.load(os.path.join(d, "a"), mesh=mesh_of(m), axis="shard")
+            assert back.num_shards == m and back.bucket_size == t8.bucket_size
+            same(want, entries(back, live_only=True), f"8 -> {m} shards")
+            assert int(back.live) == int(t8.live)
+            assert int(back.not_exported) == int(t8.not_exported)
+            if m == 2:
+                ht.save(back, os.path.join(d, "b"))
+        again = ht.load(os.path.join(d, "b"), mesh=mesh_of(8), axis="shard")
+        same(want, entries(again, live_only=True), "8 -> 2 -> 8 shards")
+        found = ht.find(again, np.array(list(want)[:BATCH], np.int64))[1]
+        assert bool(np.all(np.asarray(found)))
+
+
+@check
+def export_import_across_shard_counts():
+    rng = np.random.default_rng(3)
+    _, t8 = fresh_pair(8)
+    t8, _, _ = ht.lookup_or_insert(t8, rng.integers(0, 10**6, BATCH).astype(np.int64), **COUNTER)
+    t8, keys, counters, flags, values = ht.export(t8)
+    import jaxops
+    keys, counters, flags, values = jaxops.refresh((keys, counters, flags, values))
+    assert int(t8.not_exported) == 0 and keys.shape[0] == int(t8.live)
+    t2 = ht.init_sharded_table(256, DIM, mesh_of(2), "shard", initializer_mode="constant")
+    t2, info = ht.import_(t2, ht.to_host_int64(keys), ht.to_host_int64(counters, signed=False),
+                          flags, values)
+    assert int(info.unplaced) == 0
+    same(entries(t8, live_only=True), entries(t2, live_only=True), "export 8 -> import 2")
+    small = ht.resize(t2, 512)
+    same(entries(t2, live_only=True), entries(small, live_only=True), "resize")
+
+
+@check
+def single_table_inside_shard_map_with_check_vma():
+    mesh = mesh_of(8)
+    table = ht.init_table(64, 2, initializer_mode="constant", constant_value=1.0)
+
+    def local(keys):
+        t, rows, info = ht.lookup_or_insert(table, keys, filter_mode="counter", filter_freq=2)
+        return rows, info.inserted[None]
+
+    keys = jnp.arange(32, dtype=jnp.int32) % 5
+    rows, inserted = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=jax.P("shard"),
+                                           out_specs=jax.P("shard"), check_vma=True))(keys)
+    one, rows1, info1 = ht.lookup_or_insert(table, keys[:4], filter_mode="counter", filter_freq=2)
+    assert_equal(rows[:4], rows1, "rows inside shard_map")
+    assert_equal(inserted, np.full(8, int(info1.inserted)), "inserted per device")
+
+
+def main(names: list[str]) -> int:
+    assert len(jax.devices()) >= 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    failed = 0
+    for fn in CHECKS:
+        if names and fn.__name__ not in names:
+            continue
+        start = time.perf_counter()
+        try:
+            fn()
+            result = {"check": fn.__name__, "ok": True, "error": ""}
+        except Exception:  # noqa: BLE001 - reported to the parent test
+            result = {"check": fn.__name__, "ok": False, "error": traceback.format_exc()}
+            failed += 1
+        result["seconds"] = round(time.perf_counter() - start, 2)
+        print(json.dumps(result), flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
