@@ -156,6 +156,20 @@ def test_onnx_nms_native_equals_xla():
         _same(functools.partial(op, **attrs), _boxes(rng, n, b), _scores(rng, (b, c, n), "ties"))
 
 
+def test_onnx_nms_many_boxes_native_equals_xla():
+    """Enough boxes that the native kernel ranks its candidates from a sample of the scores,
+    a block at a time: clustered boxes suppress most candidates, so the first block runs
+    out and later ones follow; tied scores put equal keys on the block bounds."""
+    rng = np.random.default_rng(6)
+    op = jaxops.get_op("NonMaxSuppression")
+    boxes = _boxes(rng, 3000, 1, "clustered")
+    for score_kind in ("uniform", "ties"):
+        scores = _scores(rng, (1, 2, 3000), score_kind)
+        for limit, iou in [(20, 0.3), (700, 0.5)]:
+            _same(functools.partial(op, max_output_boxes_per_class=limit, iou_threshold=iou),
+                  boxes, scores)
+
+
 def test_batched_nms_native_equals_xla():
     rng = np.random.default_rng(5)
     op = jaxops.get_op("BatchedNMS")
