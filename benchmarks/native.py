@@ -5,8 +5,7 @@ interleaved with its peer (onnxruntime, numpy) on the same inputs, and reports t
 and best-repeat ratio of each. Targets (issue 18) are judged on the native median ratio.
 Run ``python -m benchmarks [--quick] --only native`` (default allocator settings, as users
 have them; ``--hugepages`` opts into the glibc huge-page tunable). Without the native library the cases
-run on xla only (a ``native kernels unavailable`` line says so); ``unique`` has no native
-kernel yet, its row is the xla kernel.
+run on xla only (a ``native kernels unavailable`` line says so).
 """
 
 from __future__ import annotations
@@ -92,7 +91,8 @@ def run(quick: bool = False) -> list[Result]:
 
     u = rng.standard_normal(1 << (14 if quick else 20)).astype(np.float32)
     dev_u = jax.device_put(u)
-    unique = jax.jit(jaxops.unique)
-    results.append(compare(f"unique {len(u) >> 10}K float32 [xla]",
-                           lambda: unique(dev_u), "np.unique", lambda: np.unique(u), 1.0, repeats))
+    results += _pair(f"unique {len(u) >> 10}K float32",
+                     lambda b: (lambda f: lambda: f(dev_u))(jax.jit(
+                         lambda v: jaxops.unique(v, backend=b))),
+                     "np.unique", lambda: np.unique(u), 1.0, repeats)
     return results

@@ -156,6 +156,20 @@ def test_onnx_nms_native_equals_xla():
         _same(functools.partial(op, **attrs), _boxes(rng, n, b), _scores(rng, (b, c, n), "ties"))
 
 
+def test_onnx_nms_many_boxes_native_equals_xla():
+    """Enough boxes that the native kernel ranks its candidates from a sample of the scores,
+    a block at a time: clustered boxes suppress most candidates, so the first block runs
+    out and later ones follow; tied scores put equal keys on the block bounds."""
+    rng = np.random.default_rng(6)
+    op = jaxops.get_op("NonMaxSuppression")
+    boxes = _boxes(rng, 3000, 1, "clustered")
+    for score_kind in ("uniform", "ties"):
+        scores = _scores(rng, (1, 2, 3000), score_kind)
+        for limit, iou in [(20, 0.3), (700, 0.5)]:
+            _same(functools.partial(op, max_output_boxes_per_class=limit, iou_threshold=iou),
+                  boxes, scores)
+
+
 def test_batched_nms_native_equals_xla():
     rng = np.random.default_rng(5)
     op = jaxops.get_op("BatchedNMS")
@@ -216,6 +230,52 @@ def test_onnx_nms_native_vmap_and_grad_equal_xla():
     chex.assert_trees_all_equal(g["native"](scores[0]), g["xla"](scores[0]))
 
 
+# Bit patterns (float32) where the key order and equality matter: -0.0 before +0.0 and the
+# reverse (the first occurrence is returned), NaNs of both signs and other payloads (one
+# value), subnormals of both signs (values, not zero), the infinities.
+UNIQUE_EDGES = np.array([0x80000000, 0x7fc00000, 0, 0xffc00001, 1, 0x80000001, 0x7f800000,
+                         0xff800000, 0x7f800001, 1, 0x80000000, 0x3f800000], np.uint32)
+
+
+def _unique_same(x, sizes=(None, 3)):
+    """Every output (y, indices, inverse, counts) of both backends, sorted or not, at each
+    capacity; and, sorted, y alone (the values-only kernel), compared bit for bit (equal as
+    values is not enough: -0.0 == 0.0, NaN payloads)."""
+    op = jaxops.get_op("Unique")
+    for size in sizes:
+        for sorted_ in (True, False):
+            _same(functools.partial(op, size=size, sorted=sorted_), x)
+        y_alone = jax.jit(lambda v, backend, s=size: op(v, size=s, backend=backend)[0].data,
+                          static_argnames="backend")
+        bits = [np.asarray(y_alone(x, b)) for b in ("native", "xla")]
+        width = f"u{bits[0].dtype.itemsize}"
+        np.testing.assert_array_equal(bits[0].view(width), bits[1].view(width))
+
+
+def test_unique_float_native_equals_xla():
+    rng = np.random.default_rng(7)
+    edges = UNIQUE_EDGES.view(np.float32)
+    _unique_same(edges)
+    _unique_same(edges[::-1].copy())  # +0.0 now before -0.0
+    for dt in (np.float16, jnp.bfloat16):  # 16-bit keys: the same order and equality
+        with np.errstate(invalid="ignore"):  # the NaN payloads do not survive the cast
+            _unique_same(jnp.asarray(np.concatenate([edges, [6e-8, -6e-8, 9.2e-41]]), dt),
+                         sizes=(None,))
+    ties = rng.standard_normal(3000).astype(np.float32).round(1)  # about 70 values, repeated
+    ties[::7] = -0.0
+    ties[3::11] = np.nan
+    _unique_same(ties, sizes=(None, 10))
+    _unique_same(rng.standard_normal(3000).astype(np.float32), sizes=(None,))
+
+
+def test_unique_native_vmap_equals_xla():
+    x = np.random.default_rng(8).standard_normal((3, 50)).astype(np.float32).round(0)
+    f = {b: jax.jit(jax.vmap(lambda v, b=b: jaxops.unique(
+        v, size=8, return_index=True, return_inverse=True, return_counts=True, backend=b)))
+        for b in ("native", "xla")}
+    chex.assert_trees_all_equal(f["native"](x), f["xla"](x))
+
+
 def test_native_x64_equals_xla():
     """float64 boxes and int64 indices (x64 on): same results as the xla kernels."""
     with jax.enable_x64(True):
@@ -229,6 +289,7 @@ def test_native_x64_equals_xla():
             _same(nonzero, x)
             _same(jaxops.flatnonzero, x)
         tiny = np.array([0.0, 5e-324, -5e-324, -0.0, 1e-323, np.nan])  # disjoint boxes
+        _unique_same(np.concatenate([tiny, -tiny, [np.inf, -np.inf, 1e-323]]))
         boxes = np.array([[3 * i, 0, 3 * i + 2, 2] for i in range(6)], np.float64)
         for st in [None, 0.0, 5e-324, -5e-324]:
             _same(functools.partial(jaxops.get_op("BatchedNMS"), iou_threshold=0.5,

@@ -39,6 +39,8 @@ TARGETS = {
     "jaxops_masked_select": "JaxopsMaskedSelect",
     "jaxops_onnx_nms": "JaxopsOnnxNms",
     "jaxops_batched_nms": "JaxopsBatchedNms",
+    "jaxops_unique": "JaxopsUnique",
+    "jaxops_unique_values": "JaxopsUniqueValues",
 }
 
 

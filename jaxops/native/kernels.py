@@ -123,12 +123,34 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
     return (_dynarray(struct[0], kept, [count], [count]),)
 
 
+# -- unique ---------------------------------------------------------------------------------
+def _unique(mode, struct, x, *, size, sorted, axis):
+    """Float arrays, axis None (the xla kernel's sort path); the rest stays on xla."""
+    n, cap = x.size, struct[0].data.shape[0]
+    if axis is not None or not jnp.issubdtype(x.dtype, jnp.floating) or n == 0 or cap == 0 \
+            or n >= 2**31:
+        return None
+    idx = struct[1].data.dtype
+    y, first, inverse, counts, total = _call(
+        "jaxops_unique", [((cap,), x.dtype), ((cap,), idx), ((n,), idx), ((cap,), idx), ((), i32)],
+        x.reshape(-1), sorted=bool(sorted))
+    found = [jnp.minimum(total, cap)]
+    y = _dynarray(struct[0], y, found, [total])
+    if sorted:  # y from the values-only kernel: where y alone is used, XLA drops the other
+        values, n_values = _call("jaxops_unique_values", [((cap,), x.dtype), ((), i32)],
+                                 x.reshape(-1))
+        y = _dynarray(struct[0], values, [jnp.minimum(n_values, cap)], [n_values])
+    return (y, _dynarray(struct[1], first, found, [total]), inverse,
+            _dynarray(struct[3], counts, found, [total]))
+
+
 #: operator name -> forward(mode, xla output struct, *inputs, **attrs)
 KERNELS: dict[str, Forward] = {
     "NonZero": _nonzero,
     "MaskedSelect": _masked_select,
     "NonMaxSuppression": _onnx_nms,
     "BatchedNMS": _batched_nms,
+    "Unique": _unique,
 }
 
 

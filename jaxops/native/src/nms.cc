@@ -12,11 +12,11 @@
 //   float mode (XlaFloatMode): the xla kernels compute the IoU in floats under FTZ / DAZ;
 // - at most `limit` boxes are kept per problem (early stop).
 //
-// Candidates are popped from a heap, as ONNX Runtime does, so an early stop never sorts the
-// boxes it does not reach.
+// Candidates are ranked a block at a time (see greedy), so an early stop never sorts the
+// boxes it does not reach, and a box is decoded only when its candidate is reached.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -24,39 +24,37 @@
 namespace jaxops {
 namespace {
 
+// One decoded box: decode_boxes of jaxops/ops/iou.py (centre boxes, then each axis' edges
+// in order) and its area. Decoded only when its candidate is reached, as ONNX Runtime does.
 template <typename F>
-struct Boxes {
-  std::vector<F> lo0, lo1, hi0, hi1, area;
+struct Box {
+  F lo0, lo1, hi0, hi1, area;
 
-  // decode_boxes of jaxops/ops/iou.py: centre boxes, then each axis' edges in order.
-  void decode(const F* b, int64_t n, bool center, bool reorder) {
-    for (auto* v : {&lo0, &lo1, &hi0, &hi1, &area}) v->resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      F p0 = b[4 * i], p1 = b[4 * i + 1], q0 = b[4 * i + 2], q1 = b[4 * i + 3];
-      if (center) {
-        const F h0 = q0 / F(2), h1 = q1 / F(2);
-        const F c0 = p0, c1 = p1;
-        p0 = c0 - h0, p1 = c1 - h1, q0 = c0 + h0, q1 = c1 + h1;
-      }
-      if (reorder) {
-        const F a0 = nan_min(p0, q0), b0 = nan_max(p0, q0);
-        const F a1 = nan_min(p1, q1), b1 = nan_max(p1, q1);
-        p0 = a0, q0 = b0, p1 = a1, q1 = b1;
-      }
-      lo0[i] = p0, lo1[i] = p1, hi0[i] = q0, hi1[i] = q1, area[i] = (q0 - p0) * (q1 - p1);
+  static Box decode(const F* b, bool center, bool reorder) {
+    F p0 = b[0], p1 = b[1], q0 = b[2], q1 = b[3];
+    if (center) {
+      const F h0 = q0 / F(2), h1 = q1 / F(2);
+      const F c0 = p0, c1 = p1;
+      p0 = c0 - h0, p1 = c1 - h1, q0 = c0 + h0, q1 = c1 + h1;
     }
+    if (reorder) {
+      const F a0 = nan_min(p0, q0), b0 = nan_max(p0, q0);
+      const F a1 = nan_min(p1, q1), b1 = nan_max(p1, q1);
+      p0 = a0, q0 = b0, p1 = a1, q1 = b1;
+    }
+    return {p0, p1, q0, q1, (q0 - p0) * (q1 - p1)};
   }
 };
 
 struct Candidate {
   uint64_t key;  // increasing = decreasing priority
   int64_t index;
-  bool operator>(const Candidate& o) const {
-    return key != o.key ? key > o.key : index > o.index;
+  bool operator<(const Candidate& o) const {
+    return key != o.key ? key < o.key : index < o.index;
   }
 };
 
-// A heap entry: float32 keys and the index share one 64-bit word (one compare, half the
+// A candidate: float32 keys and the index share one 64-bit word (one compare, half the
 // memory of a Candidate); float64 keys need a Candidate.
 template <typename F>
 struct Item {
@@ -70,20 +68,44 @@ struct Item<float> {
   static T make(uint64_t key, int64_t i) { return key << 32 | static_cast<uint64_t>(i); }
   static int64_t index(T t) { return static_cast<int64_t>(t & 0xffffffffull); }
 };
+
+// Scratch space of one problem, reused across the problems of a call.
 template <typename F>
-using Heap = std::vector<typename Item<F>::T>;
+struct Workspace {
+  using Key = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;  // see candidate_keys
+  std::vector<Key> keys, sample;             // every score's key; a sample of them, sorted
+  std::vector<typename Item<F>::T> block;    // the candidates being visited
+  std::vector<F> k0, k1, k2, k3, ka;  // the kept boxes, contiguous for the inner loop
+  std::vector<int32_t> kg;
+  std::vector<int64_t> kept;
+
+  // Kept between the calls of a thread (no allocation in the steady state), unless large.
+  static Workspace& of_thread() {
+    thread_local Workspace ws;
+    return ws;
+  }
+  void release_if_large() {
+    if (keys.capacity() > (size_t{1} << 16)) *this = Workspace();
+  }
+};
 
 // Whether any kept box (j < m) suppresses the candidate; no early exit, so the loop
-// vectorises (kept boxes are few: at most the per-class limit).
-template <typename F, bool kGrouped>
+// vectorises (kept boxes are few: at most the per-class limit). jnp.minimum(a, b) is
+// `b < a ? b : a` whenever b is not NaN (a NaN a is returned as it is), and
+// jnp.maximum(d, 0) is always `0 > d ? 0 : d`; so when the candidate's edges (the b's) are
+// not NaN (kCandidateNaN false), the plain selects decide exactly as jnp does, in fewer
+// instructions.
+template <typename F, bool kGrouped, bool kCandidateNaN>
 inline bool any_suppresses(const F* k0, const F* k1, const F* k2, const F* k3, const F* ka,
                            const int32_t* kg, size_t m, F lo0, F lo1, F hi0, F hi1, F a,
                            int32_t g, F iou_t) {
+  const auto lo = [](F x, F y) { return kCandidateNaN ? nan_min(x, y) : (y < x ? y : x); };
+  const auto hi = [](F x, F y) { return kCandidateNaN ? nan_max(x, y) : (y > x ? y : x); };
   int hit = 0;
   for (size_t j = 0; j < m; ++j) {
-    const F d0 = nan_min(k2[j], hi0) - nan_max(k0[j], lo0);
-    const F d1 = nan_min(k3[j], hi1) - nan_max(k1[j], lo1);
-    const F inter = nan_max(d0, F(0)) * nan_max(d1, F(0));
+    const F d0 = lo(k2[j], hi0) - hi(k0[j], lo0);
+    const F d1 = lo(k3[j], hi1) - hi(k1[j], lo1);
+    const F inter = (F(0) > d0 ? F(0) : d0) * (F(0) > d1 ? F(0) : d1);
     const bool s = inter / (ka[j] + a - inter) > iou_t;
     hit |= kGrouped ? (s & (kg[j] == g)) : s;
   }
@@ -98,43 +120,105 @@ inline uint64_t priority_key(uint64_t ordered, uint64_t cleared_bits) {
   return (~ordered & width_mask) & ~cleared_bits;
 }
 
-// One problem: indices of the kept boxes, best first. `groups` (optional): a box only
-// suppresses boxes of its own group. `st_key`: ordered_bits of the score threshold, rounded
-// to F by the caller as float_bits.greater rounds it.
+// Keeps candidate box c unless a kept box (of its group) suppresses it.
 template <typename F>
-void greedy(const Boxes<F>& bx, const F* scores, const int32_t* groups, int64_t n, int64_t limit,
-            F iou_t, bool has_st, uint64_t st_key, uint64_t cleared_bits, Heap<F>& heap,
-            std::vector<int64_t>& kept) {
-  using I = Item<F>;
-  using T = typename I::T;
-  heap.clear();
-  kept.clear();
-  if (limit <= 0) return;
-  const uint64_t nan_key = sizeof(F) == 4 ? 0xffffffffull : ~0ull;  // every NaN's key
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t k = ordered_bits(scores[i]);
-    if (k == nan_key || (has_st && !(k > st_key))) continue;
-    heap.push_back(I::make(priority_key<F>(k, cleared_bits), i));
+void visit(const F* boxes, bool center, bool reorder, const int32_t* groups, int64_t c, F iou_t,
+           Workspace<F>& ws) {
+  const Box<F> x = Box<F>::decode(boxes + 4 * c, center, reorder);
+  const bool nan = (x.lo0 != x.lo0) | (x.lo1 != x.lo1) | (x.hi0 != x.hi0) | (x.hi1 != x.hi1);
+  const auto suppresses = [&](auto grouped, auto candidate_nan) {
+    return any_suppresses<F, decltype(grouped)::value, decltype(candidate_nan)::value>(
+        ws.k0.data(), ws.k1.data(), ws.k2.data(), ws.k3.data(), ws.ka.data(), ws.kg.data(),
+        ws.k0.size(), x.lo0, x.lo1, x.hi0, x.hi1, x.area, groups ? groups[c] : 0, iou_t);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  const bool suppressed = groups == nullptr ? (nan ? suppresses(No{}, Yes{}) : suppresses(No{}, No{}))
+                                            : (nan ? suppresses(Yes{}, Yes{}) : suppresses(Yes{}, No{}));
+  if (suppressed) return;
+  ws.kept.push_back(c);
+  ws.k0.push_back(x.lo0), ws.k1.push_back(x.lo1), ws.k2.push_back(x.hi0);
+  ws.k3.push_back(x.hi1), ws.ka.push_back(x.area);
+  if (groups != nullptr) ws.kg.push_back(groups[c]);
+}
+
+// The priority key of each score (see priority_key) in the score's width, or none (all
+// bits set, above every real key: the largest is +inf's, ~ordered_bits(+inf) in the width)
+// when the score is NaN or, with a threshold, not strictly above it. Real keys are also
+// never 0 (that is a NaN's). `st_key`: ordered_bits of the score threshold, rounded to F by
+// the caller as float_bits.greater rounds it. One branch-free pass (it vectorises).
+template <typename F, typename U = typename Workspace<F>::Key>
+void candidate_keys(const F* scores, int64_t n, bool has_st, uint64_t st_key,
+                    uint64_t cleared_bits, U* keys) {
+  static_assert(sizeof(F) == sizeof(U), "a key has the score's width");
+  using S = std::make_signed_t<U>;
+  constexpr U sign = U{1} << (8 * sizeof(U) - 1), none = ~U{0};
+  const U inf = sizeof(F) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  const U st = static_cast<U>(st_key), cleared = static_cast<U>(cleared_bits);
+  for (int64_t i = 0; i < n; ++i) {  // ordered_bits_of, written as selects and masks
+    U u;
+    std::memcpy(&u, scores + i, sizeof(U));
+    const U mag = u & ~sign;
+    const U z = mag == 0 ? U{0} : u;                                // -0.0 -> +0.0
+    const U ordered = z ^ (static_cast<U>(static_cast<S>(z) >> (8 * sizeof(U) - 1)) | sign);
+    const bool ok = (mag <= inf) & (!has_st | (ordered > st));     // NaN: no candidate
+    keys[i] = ok ? U(~ordered & ~cleared) : none;
   }
-  std::make_heap(heap.begin(), heap.end(), std::greater<T>());
-  std::vector<F> k0, k1, k2, k3, ka;  // the kept boxes, contiguous for the inner loop
-  std::vector<int32_t> kg;
-  while (!heap.empty() && static_cast<int64_t>(kept.size()) < limit) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<T>());
-    const int64_t c = I::index(heap.back());
-    heap.pop_back();
-    const F lo0 = bx.lo0[c], lo1 = bx.lo1[c], hi0 = bx.hi0[c], hi1 = bx.hi1[c], a = bx.area[c];
-    const bool suppressed =
-        groups == nullptr
-            ? any_suppresses<F, false>(k0.data(), k1.data(), k2.data(), k3.data(), ka.data(),
-                                       nullptr, k0.size(), lo0, lo1, hi0, hi1, a, 0, iou_t)
-            : any_suppresses<F, true>(k0.data(), k1.data(), k2.data(), k3.data(), ka.data(),
-                                      kg.data(), k0.size(), lo0, lo1, hi0, hi1, a, groups[c],
-                                      iou_t);
-    if (suppressed) continue;
-    kept.push_back(c);
-    k0.push_back(lo0), k1.push_back(lo1), k2.push_back(hi0), k3.push_back(hi1), ka.push_back(a);
-    if (groups != nullptr) kg.push_back(groups[c]);
+}
+
+// One problem: indices of the kept boxes (into ws.kept), best first. Box i is at
+// boxes[4 * i]; `groups` (optional): a box only suppresses boxes of its own group.
+//
+// The candidates are ranked a block at a time, so that an early stop orders only about
+// `limit` of them: the keys of a fixed sample of the scores give a key bound `hi` above
+// about `want` candidates; one pass over the keys gathers the candidates with keys in
+// (lo, hi], which are sorted and visited; only when they run out before `limit` boxes are
+// kept does the next block (lo = hi, four times as many) follow. The blocks partition the
+// candidates by key, so they are visited exactly in priority order.
+template <typename F>
+void greedy(const F* boxes, bool center, bool reorder, const F* scores, const int32_t* groups,
+            int64_t n, int64_t limit, F iou_t, bool has_st, uint64_t st_key,
+            uint64_t cleared_bits, Workspace<F>& ws) {
+  using I = Item<F>;
+  using U = typename Workspace<F>::Key;
+  ws.kept.clear();
+  for (auto* v : {&ws.k0, &ws.k1, &ws.k2, &ws.k3, &ws.ka}) v->clear();
+  ws.kg.clear();
+  if (limit <= 0 || n == 0) return;
+  ws.keys.resize(n);
+  const U* keys = ws.keys.data();
+  candidate_keys<F>(scores, n, has_st, st_key, cleared_bits, ws.keys.data());
+  const int64_t samples = std::min<int64_t>(n, 256);  // 256: positions j * n / 256
+  auto& sample = ws.sample;
+  sample.resize(samples);
+  for (int64_t j = 0; j < samples; ++j) sample[j] = keys[samples == n ? j : (j * n) >> 8];
+  std::sort(sample.begin(), sample.end());
+  constexpr U kLast = ~U{0} - 1;  // a bound at or above every real key
+  auto& block = ws.block;
+  U lo = 0;  // below every real key
+  for (int64_t want = std::max<int64_t>(limit + limit / 2, 32);
+       static_cast<int64_t>(ws.kept.size()) < limit && lo != kLast; want *= 4) {
+    const int64_t rank = want * samples / n + want * samples / (4 * n) + 2;  // 1.25x, +2
+    U hi = rank < samples ? std::min(sample[rank], kLast) : kLast;
+    if (hi <= lo) hi = kLast;
+    block.clear();
+    const U span = hi - lo;  // k in (lo, hi] <=> k - lo - 1 < span (unsigned)
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {  // a vectorised test of 8 keys skips most of them
+      bool any = false;
+      for (int j = 0; j < 8; ++j) any |= U(keys[i + j] - lo - 1) < span;
+      if (!any) continue;
+      for (int64_t j = i; j < i + 8; ++j)
+        if (U(keys[j] - lo - 1) < span) block.push_back(I::make(keys[j], j));
+    }
+    for (; i < n; ++i)
+      if (U(keys[i] - lo - 1) < span) block.push_back(I::make(keys[i], i));
+    std::sort(block.begin(), block.end());
+    lo = hi;
+    for (const auto& item : block) {
+      if (static_cast<int64_t>(ws.kept.size()) >= limit) break;
+      visit(boxes, center, reorder, groups, I::index(item), iou_t, ws);
+    }
   }
 }
 
@@ -172,9 +256,7 @@ template <typename F, typename Idx>
 ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, int64_t batch,
                     int64_t B, int64_t C, int64_t N, int64_t capacity, int64_t limit, F iou_t,
                     bool has_st, uint64_t st_key, bool center, bool exact) {
-  Boxes<F> bx;
-  Heap<F> heap;
-  std::vector<int64_t> kept;
+  Workspace<F>& ws = Workspace<F>::of_thread();
   std::vector<Row> rows;
   std::vector<F> row_scores;
   const uint64_t cleared = cleared_bits<F>(N, exact);
@@ -182,11 +264,11 @@ ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, i
     rows.clear();
     row_scores.clear();
     for (int64_t b = 0; b < B; ++b) {
-      bx.decode(boxes + (v * B + b) * N * 4, N, center, !center);
+      const F* bb = boxes + (v * B + b) * N * 4;
       for (int64_t c = 0; c < C; ++c) {
         const F* s = scores + ((v * B + b) * C + c) * N;
-        greedy<F>(bx, s, nullptr, N, limit, iou_t, has_st, st_key, cleared, heap, kept);
-        for (int64_t i : kept) rows.push_back({b, c, i}), row_scores.push_back(s[i]);
+        greedy<F>(bb, center, !center, s, nullptr, N, limit, iou_t, has_st, st_key, cleared, ws);
+        for (int64_t i : ws.kept) rows.push_back({b, c, i}), row_scores.push_back(s[i]);
       }
     }
     total[v] = static_cast<int32_t>(rows.size());
@@ -199,6 +281,7 @@ ffi::Error onnx_nms(const F* boxes, const F* scores, Idx* out, int32_t* total, i
       o[3 * r + 2] = ok ? Idx(rows[r].box) : Idx(-1);
     }
   }
+  ws.release_if_large();
   return ffi::Error::Success();
 }
 
@@ -206,19 +289,18 @@ template <typename F, typename Idx>
 ffi::Error batched_nms(const F* boxes, const F* scores, const int32_t* groups, Idx* out,
                        int32_t* count, int64_t batch, int64_t N, int64_t capacity, F iou_t,
                        bool has_st, uint64_t st_key, bool exact) {
-  Boxes<F> bx;
-  Heap<F> heap;
-  std::vector<int64_t> kept;
+  Workspace<F>& ws = Workspace<F>::of_thread();
+  const std::vector<int64_t>& kept = ws.kept;
   const uint64_t cleared = cleared_bits<F>(N, exact);
   for (int64_t v = 0; v < batch; ++v) {
-    bx.decode(boxes + v * N * 4, N, false, true);
-    greedy<F>(bx, scores + v * N, groups + v * N, N, capacity, iou_t, has_st, st_key, cleared,
-              heap, kept);
+    greedy<F>(boxes + v * N * 4, false, true, scores + v * N, groups + v * N, N, capacity, iou_t,
+              has_st, st_key, cleared, ws);
     Idx* o = out + v * capacity;
     for (int64_t r = 0; r < capacity; ++r)
       o[r] = r < static_cast<int64_t>(kept.size()) ? Idx(kept[r]) : Idx(-1);
     count[v] = static_cast<int32_t>(kept.size());
   }
+  ws.release_if_large();
   return ffi::Error::Success();
 }
 
