@@ -59,7 +59,8 @@ def main(steps: int = 30, batch: int = 256, devices: int | None = None) -> dict:
     w = jnp.full((DIM,), 0.1)
     losses = []
     for ids, labels in batches(steps, batch):
-        table, state, w, loss = train_step(table, state, w, ids, labels)
+        words = ht.as_words(ids, "train_step", "ids")  # 64-bit ids stay exact with x64 off
+        table, state, w, loss = train_step(table, state, w, words, labels)
         losses.append(float(loss))
     probe = next(batches(1, batch, seed=1))[0]
     with tempfile.TemporaryDirectory() as d:

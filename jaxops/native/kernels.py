@@ -124,11 +124,12 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
 
 
 # -- unique ---------------------------------------------------------------------------------
-def _unique(mode, struct, x, *, size, sorted, axis):
-    """Float arrays, axis None (the xla kernel's sort path); the rest stays on xla."""
+def _unique(mode, struct, x, *, size, sorted, axis, equal_nan=True):
+    """Float arrays, axis None, NaNs as one value (the xla kernel's sort path); the rest
+    (``equal_nan=False`` included) stays on xla."""
     n, cap = x.size, struct[0].data.shape[0]
-    if axis is not None or not jnp.issubdtype(x.dtype, jnp.floating) or n == 0 or cap == 0 \
-            or n >= 2**31:
+    if not equal_nan or axis is not None or not jnp.issubdtype(x.dtype, jnp.floating) \
+            or n == 0 or cap == 0 or n >= 2**31:
         return None
     idx = struct[1].data.dtype
     y, first, inverse, counts, total = _call(
