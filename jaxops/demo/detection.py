@@ -97,6 +97,10 @@ def run(images: int = 8, verbose: bool = True, seed: int = 0) -> dict:
             print(f"  image {b}: {objects[b]} objects placed, kept {rows.shape[0]:3d} detections "
                   f"(per class {classes.tolist()}), {rows.shape[0] * 3 * itemsize:5d} B of "
                   f"{plan_rows * 3 * itemsize} B planned")
+        print("  (detections may outnumber placed objects: where two objects' neighbourhoods "
+              "overlap, an anchor keeps the first object's confident class with the second "
+              "object's box, a detection NMS does not merge with either cluster; NMS "
+              "suppresses each class separately)")
     return {"images": images, "kept": kept, "objects": objects, "kept_total": sum(kept),
             "plan_bytes": images * plan_rows * 3 * itemsize,
             "actual_bytes": sum(kept) * 3 * itemsize}
