@@ -56,6 +56,17 @@ def entries(table, live_only: bool = False) -> dict:
             zip(keys[used], counters[used], flags[used], rows[used])}
 
 
+def scores(table) -> dict:
+    """``{key: last_access}`` of the live entries, and the clock(s), of either table type."""
+    t = table.shards if isinstance(table, ht.ShardedHashTable) else table
+    get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
+    flags = get(t.flags)
+    keys = ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+    live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
+    return {int(k): int(a) for k, a in zip(keys[live], get(t.last_access)[live])}, \
+        sorted(set(get(t.clock).tolist()))
+
+
 def same(a, b, what: str, exact_rows: bool = True) -> None:
     """The same keys with the same counters and flags, and the same rows: bit for bit, or
     (``exact_rows=False``, after optimizer steps) to float rounding: XLA fuses an update
@@ -142,6 +153,11 @@ def random_operations_match_one_table():
              f"entries after batch {i}", exact_rows=False)
         assert_equal(single.live, sharded.live, "live")
         assert_equal(single.not_exported, sharded.not_exported, "not_exported")
+        # LRU scores: every shard's clock steps with the one table's, and each live key
+        # was last touched at the same step.
+        if scores(single) != scores(sharded):
+            raise AssertionError(f"scores after batch {i}: {scores(single)[1]} vs "
+                                 f"{scores(sharded)[1]} clocks, last_access differ")
     assert_equal(state1.skipped.lo, np.sum(np.asarray(state8.skipped.lo)), "adam skipped")
     assert_equal(opt1.skipped, np.sum(np.asarray(opt8.skipped)), "adagrad skipped")
     probe = np.arange(-5, BATCH - 5, dtype=np.int64)

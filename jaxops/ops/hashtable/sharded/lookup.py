@@ -115,7 +115,9 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
     """:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` on a sharded table.
 
     Args:
-        table, keys, attrs: as for one table (``filter_mode``, ``default_value``, ...).
+        table, keys, attrs: as for one table (``filter_mode``, ``default_value``, ...);
+            ``step`` sets every shard's clock (default: +1), so LRU scores match one
+            table's; ``donate=True`` is refused: donate a sharded table to a jitted step.
         route_capacity: lanes per destination buffer on each device (static). ``None``:
             the device's batch slice, which nothing can overflow; smaller buffers move less
             data but may leave keys unserved (reported in ``info.route``).
@@ -128,8 +130,13 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
     """
     op = LOOKUP_OR_INSERT.name
     table = check_sharded(op, table)
+    step = attrs.pop("step", None)
+    if attrs.pop("donate", False):
+        raise OpArgumentError(op, "donate", "False for a ShardedHashTable (donate it to a "
+                              "jitted step with donate_argnums)", "True")
     words, shape = flat_words(op, keys)
     attrs = _defaults(attrs)
+    table = _advance_clock(op, table, step)
     statics = (where_of(table), tuple(sorted(attrs.items())))
     n = int(words.lo.shape[0])
 
@@ -146,6 +153,18 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
                                     lambda r: r[2].route, call.local_batch(table, n))
     return apply_sharded_load_policy(op, table, result, lambda grown: lookup_or_insert(
         grown, keys, route_capacity=route_capacity, overflow=overflow, **attrs))
+
+
+def _advance_clock(op: str, table: ShardedHashTable, step) -> ShardedHashTable:
+    """Every shard's clock becomes ``step`` (default: its clock + 1), as one table's does:
+    the slots the call touches get it as their ``last_access``."""
+    clock = table.shards.clock
+    if step is None:
+        return table.replace(clock=clock + np.uint32(1))
+    if isinstance(step, (int, np.integer)) and not 0 <= int(step) < 2**32:
+        raise OpArgumentError(op, "step", "an int in [0, 2**32)", repr(step))
+    step = np.uint32(step) if isinstance(step, (int, np.integer)) else step
+    return table.replace(clock=clock * np.uint32(0) + jnp.asarray(step).astype(jnp.uint32))
 
 
 def _defaults(attrs: dict) -> dict:
