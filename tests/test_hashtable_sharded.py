@@ -80,3 +80,22 @@ def test_two_processes_match_one_table(tmp_path):
     checks.same(checks.entries(single, live_only=True), checks.entries(loaded, live_only=True),
                 "2 processes vs one table", exact_rows=False)
     assert int(loaded.live) == int(single.live) > 0
+
+
+def test_step_sets_every_shard_clock_and_donate_is_refused_by_name():
+    import jax
+    import numpy as np
+
+    import jaxops.hashtable as ht
+    from jaxops.core.errors import OpArgumentError
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant")
+    t, _, info = ht.lookup_or_insert(t, np.array([3, 4], np.int64), step=7)
+    slots = np.asarray(info.slots)
+    assert np.asarray(t.shards.clock).tolist() == [7]
+    assert np.asarray(t.shards.last_access).reshape(-1)[slots].tolist() == [7, 7]
+    with pytest.raises(OpArgumentError, match="donate"):
+        ht.lookup_or_insert(t, np.array([3], np.int64), donate=True)
+    with pytest.raises(OpArgumentError, match="step"):
+        ht.lookup_or_insert(t, np.array([3], np.int64), step=2**32)
