@@ -26,7 +26,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import key_batch, live_slots
 from jaxops.ops.hashtable.gather import gather as gather_rows
-from jaxops.ops.hashtable.lookup import _lookup_or_insert
+from jaxops.ops.hashtable.lookup import LookupInfo, _lookup_or_insert
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.sharded import call
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive, send
@@ -36,19 +36,12 @@ from jaxops.ops.hashtable.table import Words64, as_words
 __all__ = ["ShardedLookupInfo", "find", "gather", "locate", "lookup", "lookup_or_insert"]
 
 
-class ShardedLookupInfo(NamedTuple):
-    """:class:`~jaxops.ops.hashtable.lookup.LookupInfo`'s fields (slots global, counts
-    summed over the shards, ``over_limit``: some shard passed its limit) and ``route``, a
-    :class:`~.route.RouteInfo` (keys not routed are in none of the counts)."""
-
-    slots: jax.Array
-    admitted: jax.Array
-    inserted: jax.Array
-    unplaced: jax.Array
-    not_admitted: jax.Array
-    filtered: jax.Array
-    over_limit: jax.Array
-    route: RouteInfo
+# LookupInfo's fields (one list: a field added there is here too), then ``route``.
+ShardedLookupInfo = NamedTuple("ShardedLookupInfo",
+                               [*LookupInfo.__annotations__.items(), ("route", RouteInfo)])
+ShardedLookupInfo.__doc__ = """:class:`~jaxops.ops.hashtable.lookup.LookupInfo`'s fields (slots
+global, counts summed over the shards, ``over_limit``: some shard passed its limit) and
+``route``, a :class:`~.route.RouteInfo` (keys not routed are in none of the counts)."""
 
 
 class Where(NamedTuple):
