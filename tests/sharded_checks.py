@@ -40,13 +40,17 @@ def mesh_of(n: int) -> Mesh:
     return Mesh(np.array(jax.devices()[:n]), ("shard",))
 
 
+def _host_slots(table):
+    """``(local table, host reader, flags, keys)`` of either table type, slots flattened."""
+    t = table.shards if isinstance(table, ht.ShardedHashTable) else table
+    get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
+    return t, get, get(t.flags), ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+
+
 def entries(table, live_only: bool = False) -> dict:
     """``{key: (counter, flags, row bytes)}`` of every used slot (tombstones included
     unless ``live_only``), from a HashTable or a ShardedHashTable."""
-    t = table.shards if isinstance(table, ht.ShardedHashTable) else table
-    get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
-    flags = get(t.flags)
-    keys = ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+    t, get, flags, keys = _host_slots(table)
     counters = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
     rows = np.asarray(jax.device_get(t.values)).reshape(-1, t.embedding_dim)
     used = (flags & VALID) != 0
@@ -56,15 +60,12 @@ def entries(table, live_only: bool = False) -> dict:
             zip(keys[used], counters[used], flags[used], rows[used])}
 
 
-def scores(table) -> dict:
+def scores(table) -> tuple[dict, list]:
     """``{key: last_access}`` of the live entries, and the clock(s), of either table type."""
-    t = table.shards if isinstance(table, ht.ShardedHashTable) else table
-    get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
-    flags = get(t.flags)
-    keys = ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+    t, get, flags, keys = _host_slots(table)
     live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
-    return {int(k): int(a) for k, a in zip(keys[live], get(t.last_access)[live])}, \
-        sorted(set(get(t.clock).tolist()))
+    return ({int(k): int(a) for k, a in zip(keys[live], get(t.last_access)[live])},
+            sorted(set(get(t.clock).tolist())))
 
 
 def same(a, b, what: str, exact_rows: bool = True) -> None:
