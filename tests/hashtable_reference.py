@@ -259,6 +259,7 @@ class RefAdamW:
         self.m, self.v, self.max_v = (np.zeros(shape, np.float32) for _ in range(3))
         self.beta1_power = self.beta2_power = np.float32(1.0)
         self.amsgrad, self.skipped = amsgrad, 0
+        self.owner = list(table.keys)  # the key each slot's moments belong to
 
     def apply(self, table: RefTable, keys, grads, lr, weight_decay, beta1=0.9, beta2=0.999,
               epsilon=1e-8, maximize=False):
@@ -274,6 +275,9 @@ class RefAdamW:
                 continue
             summed[s] = summed[s] + g if s in summed else g.copy()
         for s, g in summed.items():  # the Ascend kernel's expressions, term by term
+            if self.owner[s] != table.keys[s]:  # another key's moments: start from zero
+                self.m[s] = self.v[s] = self.max_v[s] = 0
+                self.owner[s] = table.keys[s]
             g = -g if maximize else g
             w = table.values[s] * (f32(1) + (-lr * wd))
             m = self.m[s] * b1 - (b1 + f32(-1)) * g

@@ -250,22 +250,3 @@ def test_state_leaves_are_separate_buffers():
         leaves = jax.tree.leaves(CASES[name][0]().init(t))
         pointers = [x.unsafe_buffer_pointer() for x in leaves]
         assert len(set(pointers)) == len(pointers), name
-
-
-@pytest.mark.xfail(strict=True, reason="known defect (issue 14/16 notes): a key that takes an "
-                   "evicted key's slot inherits that slot's row-optimizer state (AdamW m, v)")
-def test_a_key_reusing_a_tombstone_slot_starts_with_fresh_optimizer_state():
-    fresh = ht.set_load_policy(ht.init_table(1, 2, initializer_mode="constant",
-                                             constant_value=0.5), max_load_factor=1.0)
-    grads = np.ones((1, 2), np.float32)
-    t, _, _ = ht.lookup_or_insert(fresh, np.array([1], np.int64))
-    t, state = ht.apply_adam_w(t, ht.adam_w_init(t), np.array([1], np.int64), grads, lr=0.1,
-                               weight_decay=0.0)
-    t = ht.evict(t, np.array([1], np.int64), const_val=0.5)
-    t, _, info = ht.lookup_or_insert(t, np.array([2], np.int64))  # the only slot: reuse
-    assert int(info.slots[0]) == 0
-    t, _ = ht.apply_adam_w(t, state, np.array([2], np.int64), -grads, lr=0.1, weight_decay=0.0)
-    want, _, _ = ht.lookup_or_insert(fresh, np.array([2], np.int64))
-    want, _ = ht.apply_adam_w(want, ht.adam_w_init(want), np.array([2], np.int64), -grads,
-                              lr=0.1, weight_decay=0.0)
-    np.testing.assert_array_equal(np.asarray(t.values), np.asarray(want.values))

@@ -29,6 +29,7 @@ from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.ops.hashtable.batch import (group_first, group_sum, is_first, key_batch, live_slots,
                                         set_rows, slot_words)
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
+from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, VALID, HashTable, Words64, add_to_words, as_words,
                                         Counter64, check_table)
@@ -41,6 +42,8 @@ class AdamWState(NamedTuple):
         m, v: float32 ``[bucket_size, dim]`` first and second moments, per slot.
         max_v: float32 ``[bucket_size, dim]`` running max of ``v`` (amsgrad), else ``[0, dim]``.
         beta1_power, beta2_power: float32 scalars, ``beta ** steps``.
+        owner: :class:`~jaxops.ops.hashtable.table.Words64` ``[bucket_size]``: the key each
+            slot's moments belong to (8 bytes a slot; not in CANN, see below).
         skipped: :class:`~jaxops.ops.hashtable.table.Counter64` (uint64): keys skipped so
             far (absent or evicted keys); ``int(state.skipped)`` reads it.
     """
@@ -50,6 +53,7 @@ class AdamWState(NamedTuple):
     max_v: jax.Array
     beta1_power: jax.Array
     beta2_power: jax.Array
+    owner: Words64
     skipped: Counter64
 
 
@@ -61,7 +65,7 @@ def adam_w_init(table: HashTable, amsgrad: bool = False) -> AdamWState:
     zeros = lambda s: jnp.zeros(s, jnp.float32)  # noqa: E731
     return AdamWState(zeros(shape), zeros(shape), zeros(shape if amsgrad else (0, shape[1])),
                       jnp.ones((), jnp.float32), jnp.ones((), jnp.float32),
-                      Counter64.zero())
+                      slot_owners(table), Counter64.zero())
 
 
 def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
@@ -75,6 +79,10 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
     kernel skips -1 as its "unused" key: here every operation treats -1 alike, so a row
     that :func:`lookup_or_insert` returned for -1 is also trained). The scalars may be
     traced (schedules inside ``lax.scan``).
+
+    A slot's moments belong to its key (``state.owner``; beyond CANN, where only the same
+    key reuses a slot): a key that took an evicted key's slot, or that ``compact`` moved,
+    starts from zero moments like a never-touched row (the beta powers stay table-wide).
 
     Args:
         table: the table.
@@ -131,6 +139,10 @@ def _check_state(op: str, table: HashTable, state: Any) -> None:
                                   f"{name} of shape {got}", "The state belongs to another table "
                                   "(or to this one before a resize): create it with "
                                   "adam_w_init(table).")
+    got = tuple(np.shape(getattr(state.owner, "lo", state.owner)))
+    if got != want[:1]:
+        raise OpArgumentError(op, "state", f"owner words of shape {want[:1]}", f"shape {got}",
+                              "Create the state with adam_w_init(table).")
 
 
 @APPLY_ADAM_W.kernel("xla")
@@ -155,14 +167,17 @@ def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, l
     g = -g if maximize else g
     b1p, b2p = state.beta1_power * b1, state.beta2_power * b2
     at = jnp.maximum(slot, 0)
+    changed, keys = changed_hands(state.owner, table, at)  # another key's moments: zeros
+    old = lambda a: jnp.where(changed[:, None], 0.0, take(a, at))  # noqa: E731
     # The Ascend kernel's expressions, term by term.
     w = take(table.values, at) * (1 + (-lr * wd))
-    m = take(state.m, at) * b1 - (b1 + -1) * g
-    v = take(state.v, at) * b2 - (b2 + -1) * g * g
-    max_v = jnp.maximum(take(state.max_v, at), v) if amsgrad else v
+    m = old(state.m) * b1 - (b1 + -1) * g
+    v = old(state.v) * b2 - (b2 + -1) * g * g
+    max_v = jnp.maximum(old(state.max_v), v) if amsgrad else v
     denom = jnp.sqrt(-max_v / (b2p + -1)) + eps
     w = w + (lr * m / (b1p + -1)) / denom
     new_state = AdamWState(set_rows(state.m, slot, m, lead), set_rows(state.v, slot, v, lead),
                            set_rows(state.max_v, slot, max_v, lead) if amsgrad else state.max_v,
-                           b1p, b2p, add_to_words(state.skipped, jnp.sum(slot < 0, dtype=jnp.int32)))
+                           b1p, b2p, record_owners(state.owner, slot, keys, lead & changed),
+                           add_to_words(state.skipped, jnp.sum(slot < 0, dtype=jnp.int32)))
     return table.replace(values=set_rows(table.values, slot, w, lead)), new_state

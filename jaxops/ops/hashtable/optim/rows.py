@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
 from jaxops.ops.hashtable.table import HashTable
 
-__all__ = ["RowOptimizer", "make_row_optimizer", "resolve", "sum_by_slot"]
+__all__ = ["RowOptimizer", "make_row_optimizer", "resolve", "slot_owners", "sum_by_slot"]
 
 _LAST = np.int32(np.iinfo(np.int32).max)  # sorts absent slots (-1) after every real slot
 
@@ -142,21 +143,51 @@ def check_update_args(op: str, table: Any, slots: Any, grads: Any) -> tuple[jax.
     return slots.reshape(-1), grads.reshape(-1, dim).astype(table.values.dtype)
 
 
+class _Spec(NamedTuple):
+    """What ``_apply`` needs of an optimizer (hashable: a static argument of the jit)."""
+
+    rule: Rule
+    init_state: Callable[[HashTable], Any]
+
+
+def _row_fields(state: Any) -> tuple[str, ...]:
+    """The fields a rule sees: all but the ``owner`` record and the ``skipped`` count."""
+    return tuple(f for f in state._fields if f not in ("owner", "skipped"))
+
+
+def _fresh_rows(init_state: Callable, values: jax.Array, fields: tuple[str, ...],
+                rows: list, per_slot: list, changed: jax.Array) -> list:
+    """``rows`` with the rows of slots that ``changed`` hands replaced by the optimizer's
+    initial rows: ``init_state`` of a table made of the touched rows (O(batch))."""
+    fresh = init_state(HashTable.empty(values.shape[0], values.shape[1], values))
+    leaves = jax.tree.leaves(tuple(getattr(fresh, f) for f in fields))
+    pick = lambda new, old: jnp.where(  # noqa: E731
+        changed.reshape(-1, *([1] * (old.ndim - 1))), new.astype(old.dtype), old)
+    return [pick(f, r) if t else r for f, r, t in zip(leaves, rows, per_slot)]
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _apply(rule: Rule, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
+def _apply(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
            step: Any) -> tuple[HashTable, Any]:
     size = table.bucket_size
     slot, grad, absent = sum_by_slot(slots, grads)
     at, read = jnp.where(slot >= 0, slot, size), jnp.maximum(slot, 0)
-    leaves, tree = jax.tree.flatten(tuple(state[:-1]))
-    touched = [_per_slot(x, size) for x in leaves]
-    rows = [_take(x, read) if t else x for x, t in zip(leaves, touched)]
-    new_rows, new_state = rule(_take(table.values, read), grad, tree.unflatten(rows), step)
+    fields = _row_fields(state)
+    leaves, tree = jax.tree.flatten(tuple(getattr(state, f) for f in fields))
+    per_slot = [_per_slot(x, size) for x in leaves]
+    rows = [_take(x, read) if t else x for x, t in zip(leaves, per_slot)]
+    values = _take(table.values, read)
+    owner = {}
+    if "owner" in state._fields:  # slots that changed hands start from the initial state
+        changed, keys = changed_hands(state.owner, table, read)
+        rows = _fresh_rows(spec.init_state, values, fields, rows, per_slot, changed)
+        owner["owner"] = record_owners(state.owner, slot, keys, changed & (slot >= 0))
+    new_rows, new_state = spec.rule(values, grad, tree.unflatten(rows), step)
     new_leaves = tree.flatten_up_to(tuple(new_state))
-    out = [_put(x, at, y) if t else y for x, y, t in zip(leaves, new_leaves, touched)]
-    values = _put(table.values, at, new_rows)
-    return (table.replace(values=values),
-            type(state)(*tree.unflatten(out), state.skipped + absent))
+    out = [_put(x, at, y) if t else y for x, y, t in zip(leaves, new_leaves, per_slot)]
+    return (table.replace(values=_put(table.values, at, new_rows)),
+            state._replace(**dict(zip(fields, tree.unflatten(out))), **owner,
+                           skipped=state.skipped + absent))
 
 
 def _sharded_ops(table: Any) -> Any:
@@ -174,8 +205,13 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
     Args:
         name: the optimizer's name, used in error messages.
         init_state: ``table -> state``, a NamedTuple whose last field is ``skipped``;
-            leaves whose leading dimension is ``bucket_size`` are per-slot.
-        rule: see :data:`Rule`.
+            leaves whose leading dimension is ``bucket_size`` are per-slot. A state with
+            per-slot leaves has an ``owner`` field, :func:`slot_owners` of the table: a
+            touched slot whose key is not the owner of its state rows (a new key took
+            another key's tombstone, or ``compact`` moved a key) starts from the rows
+            ``init_state`` gives a table of the touched rows (see
+            :mod:`~jaxops.ops.hashtable.owner`).
+        rule: see :data:`Rule`; it sees neither ``owner`` nor ``skipped``.
 
     >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
     >>> class S(NamedTuple):
@@ -190,23 +226,36 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
     """
     op = f"hashtable.optim.{name}"
 
+    def owned_init(table: HashTable) -> Any:
+        state = init_state(table)
+        if "owner" not in getattr(state, "_fields", ()) and any(
+                _per_slot(x, table.bucket_size) for x in jax.tree.leaves(state)):
+            raise OpArgumentError(op, "init_state", "a state with per-slot rows that also "
+                                  "records their owners (a field owner=slot_owners(table))",
+                                  f"{type(state).__name__} without an owner field",
+                                  "Without it a new key would inherit the state of the key "
+                                  "whose tombstone it takes.")
+        return state
+
+    spec = _Spec(rule, owned_init)
+
     def init(table: HashTable) -> Any:
         sharded = _sharded_ops(table)
         if sharded:  # the state of every shard, sharded like the table
-            return sharded.per_shard_state(table, init_state)
+            return sharded.per_shard_state(table, owned_init)
         if not isinstance(table, HashTable):
             raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
                                   type(table).__name__)
-        return init_state(table)
+        return owned_init(table)
 
     def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
                ) -> tuple[HashTable, Any]:
         sharded = _sharded_ops(table)
         if sharded:
-            return sharded.row_optimizer_update(op, rule, table, state, slots, grads, step)
+            return sharded.row_optimizer_update(op, spec, table, state, slots, grads, step)
         flat_slots, flat_grads = check_update_args(op, table, slots, grads)
         _check_state(op, init_state, table, state)
-        return _apply(rule, table, state, flat_slots, flat_grads, step)
+        return _apply(spec, table, state, flat_slots, flat_grads, step)
 
     init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
     update.__doc__ = f"One {name} step on the touched rows (see :class:`RowOptimizer`)."

@@ -14,6 +14,14 @@ where ``optax.adam`` is after ``k`` steps on that row's gradients. Passing ``ste
 the global count instead (``step + 1``, as optax's ``count``), which is TensorFlow's
 LazyAdam: rows that were absent for a while are corrected as if they had been updated.
 
+**A slot's state belongs to its key.** Each state with per-slot rows records the key they
+belong to (``owner``, 8 bytes a slot). When a new key takes an evicted key's slot
+(``lookup_or_insert`` or ``import_`` after ``evict``, ``evict_lowest``, ``evict_if``), or
+``compact`` moves a key, the slot's first update starts from the initial state (zero
+moments and count, ``initial_accumulator_value``) as for a never-touched row, never from
+the state of the key that was there. A key coming back to its own tombstone keeps its
+state (see :mod:`~jaxops.ops.hashtable.owner`).
+
 >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
 >>> t, rows, info = ht.lookup_or_insert(t, np.array([7, 9, 7], np.int64))
@@ -31,8 +39,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxops.ops.hashtable.optim.rows import RowOptimizer, make_row_optimizer, resolve
-from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.optim.rows import (RowOptimizer, make_row_optimizer, resolve,
+                                             slot_owners)
+from jaxops.ops.hashtable.table import HashTable, Words64
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "RowwiseAdagradState", "SgdState", "adagrad",
@@ -49,33 +58,42 @@ class SgdState(NamedTuple):
 
 
 class AdagradState(NamedTuple):
-    """``sum_of_squares``: per-slot ``[bucket_size, dim]``; ``skipped`` as :class:`SgdState`."""
+    """``sum_of_squares``: per-slot ``[bucket_size, dim]``; ``owner``: the key each slot's
+    state belongs to (see :mod:`~jaxops.ops.hashtable.owner`); ``skipped`` as
+    :class:`SgdState`."""
 
     sum_of_squares: jax.Array
+    owner: Words64
     skipped: jax.Array
 
 
 class RowwiseAdagradState(NamedTuple):
-    """``sum_of_squares``: one float per slot ``[bucket_size]`` (the mean over the row)."""
+    """``sum_of_squares``: one float per slot ``[bucket_size]`` (the mean over the row);
+    ``owner``, ``skipped`` as :class:`AdagradState`."""
 
     sum_of_squares: jax.Array
+    owner: Words64
     skipped: jax.Array
 
 
 class AdamState(NamedTuple):
-    """``mu``, ``nu``: per-slot moments; ``count``: int32 ``[bucket_size]`` updates per row."""
+    """``mu``, ``nu``: per-slot moments; ``count``: int32 ``[bucket_size]`` updates per row;
+    ``owner``, ``skipped`` as :class:`AdagradState`."""
 
     mu: jax.Array
     nu: jax.Array
     count: jax.Array
+    owner: Words64
     skipped: jax.Array
 
 
 class FtrlState(NamedTuple):
-    """``accumulator`` (sum of squared gradients) and ``linear``, per slot ``[slots, dim]``."""
+    """``accumulator`` (sum of squared gradients) and ``linear``, per slot ``[slots, dim]``;
+    ``owner``, ``skipped`` as :class:`AdagradState`."""
 
     accumulator: jax.Array
     linear: jax.Array
+    owner: Words64
     skipped: jax.Array
 
 
@@ -126,7 +144,8 @@ def adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.1,
     (0.5, 4.0)
     """
     def init(table):
-        return AdagradState(_full(table, initial_accumulator_value), _zero_count())
+        return AdagradState(_full(table, initial_accumulator_value), slot_owners(table),
+                            _zero_count())
 
     def rule(w, g, state, step):
         lr = resolve(learning_rate, step, "hashtable.optim.adagrad", "learning_rate")
@@ -153,7 +172,8 @@ def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.
     ((8,), 12.5)
     """
     def init(table):
-        return RowwiseAdagradState(_full(table, initial_accumulator_value, ()), _zero_count())
+        return RowwiseAdagradState(_full(table, initial_accumulator_value, ()),
+                                   slot_owners(table), _zero_count())
 
     def rule(w, g, state, step):
         lr = resolve(learning_rate, step, "hashtable.optim.rowwise_adagrad", "learning_rate")
@@ -167,7 +187,8 @@ def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.
 
 def _adam_init(table: HashTable) -> AdamState:
     return AdamState(_full(table, 0.0), _full(table, 0.0),
-                     jnp.zeros((table.bucket_size,), jnp.int32), _zero_count())
+                     jnp.zeros((table.bucket_size,), jnp.int32), slot_owners(table),
+                     _zero_count())
 
 
 def _adam_rule(name: str, learning_rate, b1, b2, eps, eps_root, weight_decay):
@@ -246,7 +267,7 @@ def ftrl(learning_rate: Scalar, learning_rate_power: float = -0.5,
 
     def init(table):
         return FtrlState(_full(table, initial_accumulator_value), _full(table, 0.0),
-                         _zero_count())
+                         slot_owners(table), _zero_count())
 
     def scaled(n):  # n ** -p, with TF's exact square root for the usual p = -0.5
         return jnp.sqrt(n) if power == 0.5 else n ** power

@@ -18,6 +18,9 @@ would be the batch's rows): ``clip_by_global_norm``, ``clip_by_block_rms``, ``la
 ``scale_by_trust_ratio``, ``centralize``, ``normalize_by_update_norm``; and anything that
 adds noise (``noisy_sgd``) draws it per batch, not per row.
 
+A slot that another key took (see :mod:`~jaxops.ops.hashtable.owner`) starts from
+``tx.init`` of its row at its first update: a key never inherits another key's state.
+
 >>> import numpy as np, jax.numpy as jnp, optax, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 1, initializer_mode="constant", constant_value=1.0)
 >>> t, _, info = ht.lookup_or_insert(t, np.array([5], np.int64))
@@ -37,16 +40,19 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.optim.rows import RowOptimizer, make_row_optimizer
-from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.optim.rows import RowOptimizer, make_row_optimizer, slot_owners
+from jaxops.ops.hashtable.table import HashTable, Words64
 
 __all__ = ["OptaxRowState", "from_optax"]
 
 
 class OptaxRowState(NamedTuple):
-    """``inner``: the wrapped transform's state; ``skipped``: batch entries with slot -1."""
+    """``inner``: the wrapped transform's state; ``owner``: the key each slot's state rows
+    belong to (see :mod:`~jaxops.ops.hashtable.owner`); ``skipped``: batch entries with
+    slot -1."""
 
     inner: Any
+    owner: Words64
     skipped: jax.Array
 
 
@@ -80,7 +86,8 @@ def from_optax(tx: Any, name: str = "from_optax") -> RowOptimizer:
                               "(init and update)", type(tx).__name__)
 
     def init(table: HashTable) -> OptaxRowState:
-        return OptaxRowState(_own_buffers(tx.init(table.values)), jnp.zeros((), jnp.int32))
+        return OptaxRowState(_own_buffers(tx.init(table.values)), slot_owners(table),
+                             jnp.zeros((), jnp.int32))
 
     def rule(w, g, state, step):
         (inner,) = state
