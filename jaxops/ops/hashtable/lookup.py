@@ -262,10 +262,17 @@ def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_m
     at = jnp.maximum(slot, 0)
     fresh = (old_flags & VALID) == 0  # an empty slot or another key's tombstone: counter 0
     zero = jnp.zeros_like(at, dtype=jnp.uint32)
-    before = Words64(jnp.where(fresh, zero, take(table.counter_lo, at)),
-                     jnp.where(fresh, zero, take(table.counter_hi, at)))
+    before_lo = jnp.where(fresh, zero, take(table.counter_lo, at))
+    after_lo = before_lo + group_count(first, placed).astype(jnp.uint32)
+    # The high word is read and written only where it changes (a carry, or a slot new to
+    # its key) unless admission needs it: a present key's step then touches one counter
+    # word, one random memory access fewer in a table larger than the caches.
+    hi_changes = fresh | (after_lo < before_lo)
+    read_hi = ~fresh if filter_mode == "counter" else ~fresh & hi_changes
+    before = Words64(before_lo, jnp.where(read_hi, take(table.counter_hi, jnp.where(
+        read_hi, at, 0)), zero))
+    after = Words64(after_lo, before.hi + (after_lo < before_lo).astype(jnp.uint32))
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
-    after = add_to_words(before, group_count(first, placed))
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
     admitted = placed
     not_admitted = jnp.zeros((), jnp.int32)
@@ -285,7 +292,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_m
         key_lo=set_rows(place.key_lo, slot, batch.words.lo, new_key),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, new_key),
         counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
-        counter_hi=set_rows(table.counter_hi, slot, after.hi, lead),
+        counter_hi=set_rows(table.counter_hi, slot, after.hi, lead & hi_changes),
         flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
                              lead),
