@@ -59,7 +59,10 @@ def compact(table: HashTable, **init) -> HashTable:
     flags and row kept): probe chains shorten and the slots are free again.
 
     Costs a second table while it runs (a rehash); ``init`` are :func:`resize`'s
-    initializer arguments for the freed slots' rows. Beyond CANN.
+    initializer arguments for the freed slots' rows. Beyond CANN. Keys may move: an
+    optimizer state kept from before starts a moved key from the initial state at its next
+    update (it never takes the state left in its new slot; see
+    :mod:`~jaxops.ops.hashtable.owner`).
 
     >>> import numpy as np, jaxops.hashtable as ht
     >>> t = ht.init_table(8, 1, initializer_mode="constant")
