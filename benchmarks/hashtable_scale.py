@@ -6,6 +6,13 @@ Run through the runner: ``python -m benchmarks [--quick] --only hashtable_scale`
   and 2^24 slots, each timed side by side with the same step on a 2^16-slot table (target:
   ratio <= 1.5, issue 14), :data:`STEPS_PER_SAMPLE` steps a sample. Embedding dim 4 keeps a
   2^24-slot table near 620 MB.
+- Huge pages: at 2^24 slots a step's random accesses miss the TLB as well as the caches
+  unless the table lies on huge pages. With Linux's transparent huge pages in ``madvise``
+  mode (Debian's and Ubuntu's default) XLA's buffers get none; run with
+  ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35 then advises its large
+  allocations). Measured on a shared 2-core machine (process CPU time, 25 samples of 8
+  steps, four runs each): 2^24 / 2^16 median 1.65-1.90 on 4 KiB pages, 1.40-1.57 on huge
+  pages. The scale rows say how much of the process's memory is on huge pages.
 - insert throughput as the table fills: a batch of new keys inserted into a table at 87.5 %
   load, side by side with the same batch into a table at 50 % load (target: >= 1/4 of
   its keys/s, i.e. a time ratio <= 4). Every timed insert goes into a fresh copy of the
@@ -16,6 +23,8 @@ Run through the runner: ``python -m benchmarks [--quick] --only hashtable_scale`
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -54,17 +63,39 @@ def _donated_stepper(table: ht.HashTable, keys: ht.Words64):
     holder = [table]
 
     def run():
+        start = time.process_time()
         for _ in range(STEPS_PER_SAMPLE):
             holder[0], rows = step(holder[0], keys)
+        jax.block_until_ready(rows)
+        run.cpu_s.append(time.process_time() - start)
         return rows
 
+    run.cpu_s = []
     return run
+
+
+def _cpu_note(ours, base, repeats: int) -> str:
+    """The ratio in process CPU time (all threads) of the timed samples: on a shared machine
+    it moves less than wall time, which counts the waits for a core too."""
+    a, b = ours.cpu_s[-repeats:], base.cpu_s[-repeats:]
+    return (f"CPU-time ratio median {statistics.median(a) / statistics.median(b):.2f}, "
+            f"best {min(a) / min(b):.2f}")
 
 
 def _per_step(res: Result) -> Result:
     n = STEPS_PER_SAMPLE
     return dataclasses.replace(res, ours_s=res.ours_s / n, peer_s=res.peer_s / n,
                                ours_best_s=res.ours_best_s / n, peer_best_s=res.peer_best_s / n)
+
+
+def _huge_page_note() -> str:
+    """How much anonymous memory of this process is on transparent huge pages (Linux)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages"))
+    except (OSError, StopIteration, ValueError):
+        return "huge pages: unknown"
+    return f"{kib // 1024} MiB on huge pages"
 
 
 def run_scale(sizes: list[int], repeats: int) -> list[Result]:
@@ -79,7 +110,9 @@ def run_scale(sizes: list[int], repeats: int) -> list[Result]:
         results.append(_per_step(compare(
             f"lookup_or_insert {BATCH} present, 2^{size.bit_length() - 1}", ours,
             f"same at 2^{sizes[0].bit_length() - 1}", base, target=1.5, repeats=repeats,
-            note=f"donated, jitted; ms per step, {STEPS_PER_SAMPLE} steps a sample")))
+            note=f"donated, jitted; ms per step, {STEPS_PER_SAMPLE} steps a sample; "
+                 f"{_huge_page_note()}")))
+        results[-1].note += "; " + _cpu_note(ours, base, repeats)
         del ours
     return results
 
