@@ -120,7 +120,9 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     w = min(WINDOW * min(8, max(1, n // max(1, lanes["lo"].shape[0]))), size)
     dist = lanes["dist"]
     at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
-    start = jnp.minimum(at, size - w)
+    # The first round's windows start at a multiple of the window (the lane's slot and
+    # up to w - 1 after it): the keys and flags read then lie in one cache line each.
+    start = jnp.minimum(at - at % w if w == WINDOW else at, size - w)
     skip = at - start  # window slots before the lane's slot
     seen = skip + jnp.minimum(w - skip, size - dist)  # window slots [skip, seen): probes to make
 
