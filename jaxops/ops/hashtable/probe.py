@@ -107,8 +107,9 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse:
 def _window_step(table: HashTable, n: int, lanes, active, carry):
     """One round of the walk: each lane reads the low key words and the flags of the
     ``WINDOW`` slots (``WINDOW`` times the stage's shrink factor, at most 8, in stages
-    narrower than the batch ``n``) from where it stands (one gather each, no wrap-around), stops at the
-    first empty slot or its key, and otherwise moves past the window.
+    narrower than the batch ``n``) from where it stands (in the first stage from the multiple
+    of ``WINDOW`` at or before it; one gather each, no wrap-around), stops at the first
+    empty slot or its key, and otherwise moves past the window.
 
     A window slot matching the low word is checked on the high word (one more gather); a
     key that only shares the low word is walked past. Windows are clamped to end at the
