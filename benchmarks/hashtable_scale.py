@@ -10,9 +10,9 @@ Run through the runner: ``python -m benchmarks [--quick] --only hashtable_scale`
   unless the table lies on huge pages. With Linux's transparent huge pages in ``madvise``
   mode (Debian's and Ubuntu's default) XLA's buffers get none; run with
   ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35 then advises its large
-  allocations). Measured on a shared 2-core machine (process CPU time, 25 samples of 8
-  steps, four runs each): 2^24 / 2^16 median 1.65-1.90 on 4 KiB pages, 1.40-1.57 on huge
-  pages. The scale rows say how much of the process's memory is on huge pages.
+  allocations). Measured on the 2-core machine while it was quiet (this case, 2^24 vs
+  2^16, wall-time median ratio): 1.29-1.39 on 4 KiB pages (five runs), 1.12-1.21 on huge
+  pages (two runs). The scale rows say how much of the process's memory is on huge pages.
 - insert throughput as the table fills: a batch of new keys inserted into a table at 87.5 %
   load, side by side with the same batch into a table at 50 % load (target: >= 1/4 of
   its keys/s, i.e. a time ratio <= 4). Every timed insert goes into a fresh copy of the
