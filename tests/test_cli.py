@@ -185,14 +185,15 @@ def test_golden_help_and_op_help_lists_its_attributes(capsys):
     assert code == 0 and "fixed (no --shape/--dtype)" in out and "--export_mode" in out
 
 
-def test_bad_subcommand_arguments_exit_2():
+@pytest.mark.parametrize("argv", [["ops", "--frobnicate"], ["demo", "--quick"]])
+def test_bad_subcommand_arguments_exit_2(argv):
     with pytest.raises(SystemExit) as e:
-        cli.main(["ops", "--frobnicate"])
+        cli.main(argv)
     assert e.value.code == 2
 
 
-def test_demo_quick(capsys):
-    code, out, _ = run(["demo", "--quick"], capsys)
+def test_demo(capsys):
+    code, out, _ = run(["demo"], capsys)
     assert code == 0
     assert "kept" in out and "loss" in out and "occupancy" in out and "Summary" in out
 
