@@ -98,7 +98,7 @@ def test_ops_shows_fill_values_and_untyped_ports(capsys):
     for k, p in enumerate(op.outputs):
         assert rows[p.name].endswith(f"; fill {op.fill_value(k)!r}")
     code, out, _ = run(["ops", "EmbeddingHashTableLookupOrInsert"], capsys)
-    assert code == 0 and " any" not in out and "int64 keys (see as_words)" in out
+    assert code == 0 and " any" not in out and "int64 keys, or uint64" in out
     data = json.loads(run(["ops", "Unique", "--json"], capsys)[1])
     assert [o["fill_value"] for o in data["outputs"]] == [0, -1, -1, 0]
 
