@@ -161,11 +161,15 @@ def test_a_uint64_table_gives_uint64_keys_back(tmp_path):
 
 
 def test_a_uint64_table_exports_jax_uint64_with_x64():
+    """With x64 on export's keys are JAX uint64; JAX arrays are bit patterns (negative int64
+    JAX keys find the uint64 keys with the same bits: nothing can be checked inside jit)."""
     with jax.enable_x64(True):
-        t, _, _ = ht.lookup_or_insert(_uint64_table(), jnp.asarray(HIGH))
+        t, _, info = ht.lookup_or_insert(_uint64_table(), jnp.asarray(HIGH))
         _, keys, *_ = ht.export(t)
         assert keys.data.dtype == jnp.uint64
         assert sorted(jaxops.refresh(keys).tolist()) == sorted(HIGH.tolist())
+        np.testing.assert_array_equal(ht.locate(t, jnp.asarray(HIGH.view(np.int64))),
+                                      info.slots)
 
 
 @pytest.mark.parametrize("table_dtype,keys,given", [
@@ -204,8 +208,8 @@ def test_a_sharded_uint64_table_keeps_its_key_dtype(tmp_path):
         ht.find(t, [-3])
 
 
-def test_jax_arrays_and_words_are_bit_patterns_for_either_key_dtype():
-    """Inside jit nothing can be checked: JAX arrays and Words64 are taken as bits."""
+def test_words_are_bit_patterns_for_an_int64_table():
+    """Words64 (what a jitted step takes) are bits: uint64 patterns reach an int64 table."""
     t, _, info = ht.lookup_or_insert(_table(), ht.as_words(HIGH, "t", "k"))
     np.testing.assert_array_equal(ht.locate(t, HIGH.view(np.int64)), info.slots)
     assert ht.find(t, [-1])[1][0]  # -1 has the bits of 2**64 - 1
