@@ -59,7 +59,7 @@ def _cmd_ops(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from jaxops import demo
 
-    return demo.main(quick=args.quick)
+    return demo.main()
 
 
 def _golden_help(op: str) -> str:
@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"jaxops {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="run the main job on embedded synthetic data")
-    p.add_argument("--quick", action="store_true", help="fewer images and training steps")
+    # No --quick: compiling dominates the demo (fewer images and steps saved ~1 s of ~20).
+    sub.add_parser("demo", help="run the main job on embedded synthetic data")
 
     p = sub.add_parser("ops", help="list registered operators")
     p.add_argument("name", nargs="?", help="show one operator")

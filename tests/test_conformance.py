@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 import jaxops
+from jaxops import native
 from jaxops.errors import OpDTypeError
 from jaxops.core.float_bits import largest_at_most, np_ordered_bits
 from tests.cases.nms import ref_nms, run_ort
+
+BACKENDS = ["xla", "host"] + (["native"] if native.available() else [])
 
 TINY = {np.float32: 1e-45, np.float16: 6e-8, ml_dtypes.bfloat16: 1e-40}
 
@@ -61,7 +64,7 @@ def test_subnormal_score_is_a_candidate_as_in_onnxruntime(backend):
     assert want.shape == (1, 3)
 
 
-@pytest.mark.parametrize("backend", ["xla", "host"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nms_threshold_compares_in_double_like_torchvision(backend):
     boxes = np.array([[0, 0, 8, 8], [2, 0, 10, 8]], np.float32)  # IoU == float32(0.6)
     scores = np.array([0.9, 0.8], np.float32)

@@ -180,6 +180,22 @@ def test_version_1_files_still_load(tmp_path):
     assert (back.max_load_factor, back.load_policy) == (0.9, "error")
 
 
+def test_files_without_key_dtype_load_as_int64(tmp_path):
+    """Files written before ``key_dtype`` existed load as int64 tables; a uint64 table's
+    file keeps it."""
+    path = tmp_path / "t.jxht"
+    t = ht.init_table(8, 1, initializer_mode="constant", key_dtype=np.uint64)
+    t, _, _ = ht.lookup_or_insert(t, np.array([2**63 + 1], np.uint64))
+    ht.save(t, path)
+    assert ht.load(path).key_dtype == "uint64"
+    header, payload = _split(path.read_bytes())
+    del header["key_dtype"]
+    path.write_bytes(_join(header, payload))
+    back = ht.load(path)
+    assert back.key_dtype == "int64" and int(back.live) == 1
+    assert ht.locate(back, [-2**63 + 1]).tolist() == ht.locate(t, [2**63 + 1]).tolist()
+
+
 def _reference_fault(used, home, keys):
     """Brute force: walk from each used slot's home; any empty slot before it is a fault."""
     n = len(used)
@@ -289,7 +305,7 @@ def test_load_rejects_a_duplicated_key(tmp_path):
     {"sha256": "z" * 64}, {"live": 2**62}, {"bucket_size": None}, {"clock": -1},
     {"clock": 2**32}, {"clock": None}, {"max_load_factor": 0}, {"max_load_factor": 1.5},
     {"max_load_factor": "0.9"}, {"max_load_factor": True}, {"load_policy": "nope"},
-    {"load_policy": 3},
+    {"load_policy": 3}, {"key_dtype": "int32"}, {"key_dtype": None},
 ])
 def test_load_rejects_bad_header_fields(tmp_path, change):
     path = tmp_path / "t.jxht"

@@ -133,35 +133,99 @@ def test_keys_outside_64_bits_or_not_integers_are_refused(bad, error, given):
 HIGH = np.array([2**63, 2**64 - 1, 2**63 + 12345, 7], np.uint64)  # bit patterns >= 2**63
 
 
-@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
-def test_uint64_keys_are_bit_patterns_and_come_back(x64, tmp_path):
-    """uint64 k is the int64 key with the same bits; keys come back as int64 and
-    ``to_host_int64(..., signed=False)`` (or ``.view(np.uint64)``) gives the uint64 back."""
-    with jax.enable_x64(x64):
-        forms = [HIGH, [int(k) for k in HIGH]] + ([jnp.asarray(HIGH)] if x64 else [])
-        t0 = _table(32)
-        t, rows, info = ht.lookup_or_insert(t0, HIGH.view(np.int64))
-        for keys in forms:
-            same, _, info2 = ht.lookup_or_insert(t0, keys)
-            _same_tables(same, t)
-            np.testing.assert_array_equal(ht.locate(t, keys), info.slots)
-        assert int(t.live) == 4 and bool(ht.find(t, [-1])[1][0]) is True  # -1 is 2**64 - 1
+def _uint64_table(size=16):
+    return ht.init_table(size, 2, initializer_mode="constant", key_dtype=np.uint64)
+
+
+def test_a_uint64_table_gives_uint64_keys_back(tmp_path):
+    """init_table(key_dtype=np.uint64): every form of the keys lands on the same slots, and
+    export / export_chunks / save+load / compact / CANN bytes / jit keep uint64."""
+    t0 = _uint64_table()
+    t, _, info = ht.lookup_or_insert(t0, HIGH)
+    for keys in (HIGH, [int(k) for k in HIGH], ht.as_words(HIGH, "t", "k")):
+        np.testing.assert_array_equal(ht.locate(t, keys), info.slots)
+    _, keys, *_ = ht.export(t)
+    exported = ht.host_keys(t, jaxops.refresh(keys))
+    assert exported.dtype == np.uint64 and sorted(exported.tolist()) == sorted(HIGH.tolist())
+    _, chunks = ht.export_chunks(t)
+    (chunk,) = list(chunks)
+    assert chunk.keys.dtype == np.uint64 and sorted(chunk.keys.tolist()) == sorted(HIGH.tolist())
+    ht.save(t, tmp_path / "t.jxht")
+    back = ht.load(tmp_path / "t.jxht")
+    assert back.key_dtype == "uint64"
+    _same_tables(back, t)
+    assert ht.compact(t).key_dtype == "uint64"
+    assert ht.from_cann_bytes(ht.to_cann_bytes(t), 2, key_dtype=np.uint64).key_dtype == "uint64"
+    assert jax.jit(lambda table: table)(t).key_dtype == "uint64"  # static: kept through jit
+    assert "key_dtype='uint64'" in repr(t)
+
+
+def test_a_uint64_table_exports_jax_uint64_with_x64():
+    """With x64 on export's keys are JAX uint64; JAX arrays are bit patterns (negative int64
+    JAX keys find the uint64 keys with the same bits: nothing can be checked inside jit)."""
+    with jax.enable_x64(True):
+        t, _, info = ht.lookup_or_insert(_uint64_table(), jnp.asarray(HIGH))
         _, keys, *_ = ht.export(t)
-        exported = ht.to_host_int64(jaxops.refresh(keys), signed=False)
-        assert sorted(exported.tolist()) == sorted(int(k) for k in HIGH)
-        assert sorted(ht.to_host_int64(jaxops.refresh(keys)).view(np.uint64).tolist()) == \
-            sorted(exported.tolist())
-        _, chunks = ht.export_chunks(t)
-        assert sorted(k for c in chunks for k in c.keys.view(np.uint64).tolist()) == \
-            sorted(exported.tolist())
-        ht.save(t, tmp_path / "t.jxht")
-        _same_tables(ht.load(tmp_path / "t.jxht"), t)
+        assert keys.data.dtype == jnp.uint64
+        assert sorted(jaxops.refresh(keys).tolist()) == sorted(HIGH.tolist())
+        np.testing.assert_array_equal(ht.locate(t, jnp.asarray(HIGH.view(np.int64))),
+                                      info.slots)
+
+
+@pytest.mark.parametrize("table_dtype,keys,given", [
+    (np.int64, HIGH, r"9223372036854775808 \(and 2 more\)"),
+    (np.int64, [5, 2**64 - 1], "18446744073709551615"),
+    (np.uint64, np.array([3, -2], np.int64), "-2"),
+    (np.uint64, [-1], "-1"),
+])
+def test_host_keys_that_do_not_fit_the_tables_key_dtype_are_refused(table_dtype, keys, given):
+    """Host keys are values: a uint64 key >= 2**63 does not fit an int64 table (the error
+    names the fix), a negative key does not fit a uint64 table."""
+    t = ht.init_table(16, 2, initializer_mode="constant", key_dtype=table_dtype)
+    name = np.dtype(table_dtype).name
+    for call, op in [(ht.lookup_or_insert, "LookupOrInsert"), (ht.locate, "locate"),
+                     (ht.evict, "Evict")]:
+        fix = r"Create the table with init_table\(\.\.\., key_dtype=np\.uint64\)" \
+            if name == "int64" else "A uint64 table takes keys >= 0"
+        with pytest.raises(OpArgumentError, match=rf"{op}: argument 'keys': expected {name} "
+                                                  rf"keys.*got {given}\. {fix}"):
+            call(t, keys)
+
+
+def test_a_sharded_uint64_table_keeps_its_key_dtype(tmp_path):
+    """init_sharded_table(key_dtype=) reaches every shard; export and checkpoints (both load
+    paths) keep it, and host keys are checked against it (one-device mesh)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant",
+                              key_dtype=np.uint64)
+    t, _, _ = ht.lookup_or_insert(t, HIGH)
+    t, keys, *_ = ht.export(t)
+    assert sorted(ht.host_keys(t, jaxops.refresh(keys)).tolist()) == sorted(HIGH.tolist())
+    ht.save(t, tmp_path / "c")
+    assert ht.load(tmp_path / "c", mesh=mesh, axis="d").key_dtype == "uint64"
+    assert ht.load(tmp_path / "c", mesh=mesh, axis="d", shard_size=32).key_dtype == "uint64"
+    with pytest.raises(OpArgumentError, match=r"find: argument 'keys'.*uint64.*got -3"):
+        ht.find(t, [-3])
+
+
+def test_words_are_bit_patterns_for_an_int64_table():
+    """Words64 (what a jitted step takes) are bits: uint64 patterns reach an int64 table."""
+    t, _, info = ht.lookup_or_insert(_table(), ht.as_words(HIGH, "t", "k"))
+    np.testing.assert_array_equal(ht.locate(t, HIGH.view(np.int64)), info.slots)
+    assert ht.find(t, [-1])[1][0]  # -1 has the bits of 2**64 - 1
+
+
+def test_key_dtype_is_checked():
+    with pytest.raises(OpArgumentError, match=r"InitEmbeddingHashTable: argument 'key_dtype'.*"
+                                              r"np.int64 or np.uint64.*int32"):
+        ht.init_table(8, 1, initializer_mode="constant", key_dtype=np.int32)
 
 
 def test_uint64_default_and_filter_keys():
-    t, rows, info = ht.lookup_or_insert(_table(), HIGH[:2], filter_key_flag=True,
+    t0 = ht.init_table(16, 2, initializer_mode="constant", key_dtype=np.uint64)
+    t, rows, info = ht.lookup_or_insert(t0, HIGH[:2], filter_key_flag=True,
                                         filter_key=2**64 - 1, default_key_or_value=True,
                                         default_key=2**63)
     # 2**64 - 1 is replaced by 2**63: one key, two occurrences
     assert int(t.live) == 1 and int(info.slots[0]) == int(info.slots[1])
-    np.testing.assert_array_equal(ht.locate(t, [-2**63]), info.slots[:1])
+    np.testing.assert_array_equal(ht.locate(t, [2**63]), info.slots[:1])

@@ -237,6 +237,9 @@ def test_bad_dtypes():
         jaxops.non_max_suppression(np.zeros((1, 3, 4), np.int32), S4, 3)
     with pytest.raises(OpDTypeError, match="BatchedNMS: argument 'idxs'"):
         jaxops.batched_nms(np.zeros((3, 4), F32), np.zeros(3, F32), np.zeros(3, F32), 0.5)
+    with pytest.raises(OpDTypeError, match=r"nms: argument 'boxes': expected a float array.*"
+                                           r"got int32"):
+        jaxops.nms([[0, 0, 1, 1]], [0.9], 0.5)  # Python ints: torchvision refuses them too
 
 
 # -- torchvision-style nms / batched_nms ----------------------------------------------------

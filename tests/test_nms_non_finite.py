@@ -4,7 +4,9 @@ The rule (``jaxops/ops/nms/suppression.py``): a box with a non-finite coordinate
 suppresses nor is suppressed; ``+inf`` scores rank first, ``-inf`` last; NaN scores are
 never selected. ONNX Runtime is run itself; torchvision's CPU kernel is
 ``tests.cases.nms.torchvision_nms``, a literal transcription (torch is not a test
-dependency). NaN scores are compared with ONNX Runtime only under a ``score_threshold``:
+dependency). EfficientNMS follows TensorRT's own rule instead (its IoU, operation for
+operation: ``jaxops/core/tensorrt_boxes.py``), checked on a case derived by hand from
+efficientNMSInference.cu/.cuh. NaN scores are compared with ONNX Runtime only under a ``score_threshold``:
 without one its heap orders them arbitrarily.
 """
 
@@ -14,7 +16,8 @@ import pytest
 
 import jaxops
 from jaxops import native
-from tests.cases.nms import random_boxes, random_scores, run_ort, torchvision_nms
+from tests.cases.nms import (random_boxes, random_scores, ref_efficient_nms, run_ort,
+                             torchvision_nms)
 
 BACKENDS = ["xla", "host"] + (["native"] if native.available() else [])
 NON_FINITE = np.array([np.nan, np.inf, -np.inf], np.float32)
@@ -86,3 +89,31 @@ def test_nms_and_batched_nms_match_torchvision(backend, impl_mode):
                                      backend=backend)
             chex.assert_trees_all_equal(jaxops.refresh(got).astype(np.int64),
                                         torchvision_batched(boxes, scores, idxs, iou))
+
+
+# Derived by hand from TensorRT's IOU(candidate, kept) (efficientNMSInference.cu/.cuh):
+#   1 vs 0: intersect takes 0's edge where 1's is NaN -> inter 64; area(1) = NaN * 8 ->
+#     union NaN -> IoU NaN: never >= t, so 1 is kept even at t = 0.
+#   2 vs 0: the same box, IoU 1: suppressed.
+#   3 vs 0: intersect [0, 20, 8, 8] has a side -12 <= 0 -> inter 0 -> IoU 0 >= 0:
+#     suppressed at t = 0 despite its NaNs; kept at t = 0.5 (IoU 0 / NaN against 0, 1).
+#   4: reorder swaps (inf, 0) arithmetically: d = inf, hi = inf, lo = inf - inf = NaN;
+#     then as 1: IoU NaN against every kept box -> kept (min/max decoding would give the
+#     finite-area box [0, 0, inf, 8], IoU 64 / inf = 0, suppressed at t = 0).
+TRT_BOXES = np.array([[[0, 0, 8, 8], [np.nan, 0, 8, 8], [0, 0, 8, 8],
+                       [np.nan, 20, np.nan, 30], [np.inf, 0, 0, 8]]], np.float32)
+TRT_SCORES = np.array([[[0.9], [0.8], [0.7], [0.6], [0.5]]], np.float32)
+
+
+@pytest.mark.parametrize("backend", ["xla", "host"])
+@pytest.mark.parametrize("iou,kept", [(0.0, [0, 1, 4]), (0.5, [0, 1, 3, 4])])
+def test_efficient_nms_follows_tensorrt_on_nan_and_inf_boxes(backend, iou, kept):
+    out = jaxops.efficient_nms(TRT_BOXES, TRT_SCORES, max_output_boxes=5, iou_threshold=iou,
+                               score_threshold=0.0, backend=backend)
+    n = len(kept)
+    assert int(out.num_detections[0, 0]) == n
+    chex.assert_trees_all_equal(np.asarray(out.detection_scores[0, :n]),
+                                TRT_SCORES[0, kept, 0])
+    np.testing.assert_array_equal(np.asarray(out.detection_boxes[0, :n]), TRT_BOXES[0, kept])
+    want = ref_efficient_nms(TRT_BOXES, TRT_SCORES, 5, iou, 0.0)  # the literal transcription
+    assert int(want.num_detections[0, 0]) == n

@@ -15,6 +15,7 @@ import numpy as np
 from jaxops.backends.callback import host_kernel_for
 from jaxops.core.float_bits import largest_at_most, np_greater, np_ordered_bits
 from jaxops.core.numerics import compute_dtype
+from jaxops.core.tensorrt_boxes import tensorrt_area, tensorrt_iou, tensorrt_reorder
 
 __all__ = [
     "Boxes", "batched_nms", "by_priority", "candidates", "decode", "efficient_nms", "greedy",
@@ -24,7 +25,7 @@ __all__ = [
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
 
 
-def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True) -> Boxes:
+def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool | str = True) -> Boxes:
     """numpy twin of :func:`jaxops.ops.nms.iou.decode_boxes`."""
     b = np.asarray(boxes).astype(dtype)
     p0, p1, q0, q1 = (b[..., k] for k in range(4))
@@ -32,6 +33,9 @@ def decode(boxes: np.ndarray, dtype, center: bool = False, reorder: bool = True)
         if center:
             h0, h1 = q0 / dtype.type(2), q1 / dtype.type(2)
             p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+        if reorder == "tensorrt":
+            (p0, q0), (p1, q1) = tensorrt_reorder(np, p0, q0), tensorrt_reorder(np, p1, q1)
+            return p0, p1, q0, q1, tensorrt_area(np, p0, p1, q0, q1)
         if reorder:
             p0, q0 = np.minimum(p0, q0), np.maximum(p0, q0)
             p1, q1 = np.minimum(p1, q1), np.maximum(p1, q1)
@@ -42,15 +46,16 @@ def _suppresses(boxes: Boxes, i: int, later: slice, t, inclusive: bool) -> np.nd
     """Does kept box ``i`` suppress the boxes ``later`` (exact mode of iou.suppresses)?"""
     lo0, lo1, hi0, hi1, area = boxes
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if inclusive:  # TensorRT's IOU(later, kept)
+            later_box = tuple(f[later] for f in (lo0, lo1, hi0, hi1))
+            kept_box = (lo0[i], lo1[i], hi0[i], hi1[i])
+            return tensorrt_iou(np, later_box, kept_box, area[later], area[i]) >= \
+                np.asarray(t, area.dtype)
         d0 = np.minimum(hi0[i], hi0[later]) - np.maximum(lo0[i], lo0[later])
         d1 = np.minimum(hi1[i], hi1[later]) - np.maximum(lo1[i], lo1[later])
         inter = np.maximum(d0, 0) * np.maximum(d1, 0)
         union = area[i] + area[later] - inter
-        t = np.asarray(t, inter.dtype)
-        if inclusive:
-            ok = (inter > 0) & (union > 0)
-            return np.where(ok, inter / np.where(ok, union, 1), 0) >= t
-        return inter / union > t
+        return inter / union > np.asarray(t, inter.dtype)
 
 
 def greedy(boxes: Boxes, valid: np.ndarray, t: float, max_output: int,
@@ -150,8 +155,8 @@ def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_thres
         box_id, cls = cand // c, cand % c
         raw = boxes[bi][box_id] if boxes.ndim == 3 else boxes[bi][box_id, cls]
         center = box_coding == 1
-        keep = greedy(decode(raw, dtype, center=center), valid[cand], iou_threshold, k,
-                      None if class_agnostic else cls, inclusive=True)
+        keep = greedy(decode(raw, dtype, center=center, reorder="tensorrt"), valid[cand],
+                      iou_threshold, k, None if class_agnostic else cls, inclusive=True)
         pos = np.flatnonzero(keep)
         corners = np.stack(decode(raw, dtype, center=center, reorder=False)[:4], axis=-1)
         num[bi, 0] = len(pos)

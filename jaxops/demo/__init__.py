@@ -16,15 +16,15 @@ __all__ = [
 ]
 
 
-def main(quick: bool = False) -> int:
+def main() -> int:
     from jaxops.demo import detection, embedding
 
     t0 = time.perf_counter()
     print("== 1. Detection post-processing: decode → score filter → NonMaxSuppression → refresh ==")
-    det = detection.run(images=4 if quick else 8, verbose=True)
+    det = detection.run(images=8, verbose=True)
     print()
     print("== 2. Hash-embedding click model with in-table AdamW ==")
-    emb = embedding.run(steps=60 if quick else 300, verbose=True)
+    emb = embedding.run(steps=300, verbose=True)
     print()
     print("== 3. Summary ==")
     rows = [

@@ -27,7 +27,8 @@ from jaxops.ops.hashtable.sharded.lookup import ShardedLookupInfo
 from jaxops.ops.hashtable.sharded.route import RouteInfo
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, init_sharded_table, owner_shard
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, Counter64, HashTable,
-                                        Words64, as_words, join_words, to_host_int64)
+                                        Words64, as_words, host_keys, join_words,
+                                        to_host_int64)
 
 from jaxops.hashtable import optim  # noqa: E402,F401  (jaxops.hashtable.optim, row optimizers)
 
@@ -37,7 +38,7 @@ __all__ = [
     "ShardedLookupInfo", "SlotScores", "VALID", "Words64", "adam_w_init", "apply_adam_w",
     "as_words", "compact", "counter_below", "evict", "evict_if", "evict_lowest", "export",
     "export_chunks", "find", "from_cann_bytes", "gather", "handle_counters", "home_slot",
-    "import_", "init_sharded_table", "init_table", "join_words", "load", "locate", "lookup",
-    "lookup_or_insert", "murmur3_x86_32", "not_seen_for", "optim", "owner_shard", "resize",
-    "row_bytes", "save", "set_load_policy", "to_cann_bytes", "to_host_int64",
+    "host_keys", "import_", "init_sharded_table", "init_table", "join_words", "load", "locate",
+    "lookup", "lookup_or_insert", "murmur3_x86_32", "not_seen_for", "optim", "owner_shard",
+    "resize", "row_bytes", "save", "set_load_policy", "to_cann_bytes", "to_host_int64",
 ]

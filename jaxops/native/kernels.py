@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.dynarray import DynArray
-from jaxops.core.float_bits import np_ordered_bits
+from jaxops.core.float_bits import largest_at_most, np_ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
 
@@ -117,6 +117,8 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
     if limit == 0:
         return None
     boxes, scores = _nms_float(boxes, scores)
+    # torchvision compares its float IoU with a double threshold (see suppression.py).
+    iou_threshold = largest_at_most(float(iou_threshold), scores.dtype)
     kept, count = _call("jaxops_batched_nms", [((limit,), struct[0].data.dtype), ((), i32)],
                         boxes, scores, idxs.astype(i32), exact=mode != OpImplMode.HIGH_PERFORMANCE,
                         **_thresholds(iou_threshold, score_threshold, scores.dtype))

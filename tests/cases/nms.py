@@ -43,14 +43,33 @@ def onnx_suppresses(kept: np.ndarray, box: np.ndarray, t: float) -> np.ndarray:
         return ok & (inter / union > F32(t))
 
 
+def _trt_reorder(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """BoxCorner::reorder: ``if (lo > hi) { lo = lo - hi; hi = lo + hi; lo = hi - lo; }``."""
+    swap = lo > hi
+    d = lo - hi
+    return np.where(swap, (d + hi) - d, lo), np.where(swap, d + hi, hi)
+
+
+def _trt_area(y1, x1, y2, x2) -> np.ndarray:
+    """BoxCorner::area: ``if (h <= 0) return 0; if (w <= 0) return 0; return h * w;``."""
+    h, w = y2 - y1, x2 - x1
+    return np.where(h <= 0, F32(0), np.where(w <= 0, F32(0), h * w))
+
+
 def trt_suppresses(kept: np.ndarray, box: np.ndarray, t: float) -> np.ndarray:
-    """TensorRT's ``IOU(...) >= t`` with IoU 0 for disjoint boxes or non-positive union."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d0 = np.minimum(kept[:, 2], box[2]) - np.maximum(kept[:, 0], box[0])
-        d1 = np.minimum(kept[:, 3], box[3]) - np.maximum(kept[:, 1], box[1])
-        inter = np.where((d0 > 0) & (d1 > 0), d0 * d1, F32(0))
-        union = kept[:, 4] + box[4] - inter
-        iou = np.where((inter > 0) & (union > 0), inter / union, F32(0))
+    """TensorRT's ``IOU(box, kept) >= t`` (efficientNMSInference.cu/.cuh, read literally):
+    both boxes reordered, ``intersect`` by ``a > b ? a : b`` / ``a < b ? a : b`` with ``a``
+    the candidate, ``if (inter <= 0) return 0; if (union <= 0) return 0;``. Corners are the
+    first four columns (unreordered rows are reordered here)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        y1, y2 = _trt_reorder(kept[:, 0], kept[:, 2])
+        x1, x2 = _trt_reorder(kept[:, 1], kept[:, 3])
+        b_y1, b_y2 = _trt_reorder(box[0], box[2])
+        b_x1, b_x2 = _trt_reorder(box[1], box[3])
+        inter = _trt_area(np.where(b_y1 > y1, b_y1, y1), np.where(b_x1 > x1, b_x1, x1),
+                          np.where(b_y2 < y2, b_y2, y2), np.where(b_x2 < x2, b_x2, x2))
+        union = _trt_area(b_y1, b_x1, b_y2, b_x2) + _trt_area(y1, x1, y2, x2) - inter
+        iou = np.where(inter <= 0, F32(0), np.where(union <= 0, F32(0), inter / union))
         return iou >= F32(t)
 
 
@@ -161,11 +180,10 @@ def ref_efficient_nms(boxes, scores, max_output_boxes, iou_threshold, score_thre
         cand = by_score(flat, cand)[:pre_nms_top_k]
         raw = np.stack([boxes[b, e // c] if boxes.ndim == 3 else boxes[b, e // c, e % c]
                         for e in range(n * c)]) if n * c else np.zeros((0, 4), F32)
-        dec = np_decode(raw, center=box_coding == 1)
-        classes = np.arange(n * c) % c
-        kept = greedy(dec, cand, k, functools.partial(trt_suppresses, t=iou_threshold),
-                      groups=None if class_agnostic else classes)
         corners = np_decode(raw, center=box_coding == 1, reorder=False)[:, :4]
+        classes = np.arange(n * c) % c
+        kept = greedy(corners, cand, k, functools.partial(trt_suppresses, t=iou_threshold),
+                      groups=None if class_agnostic else classes)
         out.num_detections[b, 0] = len(kept)
         for slot, e in enumerate(kept):
             out.detection_boxes[b, slot] = corners[e]

@@ -110,7 +110,7 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
     elif keys is None:
         raise OpArgumentError(op, "keys", "int64 keys, or slots=", "None")
     else:
-        words = as_words(keys, op, "keys")
+        words = as_words(keys, op, "keys", table.key_dtype)
     n = int(words.lo.size)
     grads = jnp.asarray(grads, jnp.float32)
     if grads.size != n * table.embedding_dim:

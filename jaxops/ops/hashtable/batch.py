@@ -34,9 +34,10 @@ class KeyBatch(NamedTuple):
     shape: tuple[int, ...]
 
 
-def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys") -> KeyBatch:
+def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys",
+              key_dtype: str | None = None) -> KeyBatch:
     """Keys in any accepted form (see :func:`~jaxops.ops.hashtable.table.as_words`), flat."""
-    words = as_words(keys, op, arg)
+    words = as_words(keys, op, arg, key_dtype)
     shape = words.shape
     words = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
     return KeyBatch(words, home_slot(words.lo, words.hi, bucket_size), shape)

@@ -19,6 +19,8 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +28,8 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.table import check_table
 from jaxops.ops.hashtable.host_chunks import HostRows
-from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter
+from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter,
+                                        check_key_dtype)
 
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]
@@ -71,8 +74,12 @@ def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.stack([lo, hi], axis=-1).astype("<u4").view(np.uint8).reshape(-1, 8)
 
 
-def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
+def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = np.int64
+                    ) -> HashTable:
     """The exact inverse of :func:`to_cann_bytes` (a flat buffer is accepted too).
+
+    The bytes hold each key's 64 bits; ``key_dtype`` (as in ``init_table``) says which
+    dtype the new table's keys have (the table's own is not part of CANN's layout).
 
     EVICTED is also read from byte 20, where CANN's lookup and evict kernels keep it. The
     live / not-exported counts are recounted from the flags; ``dropped``, ``clock`` and every
@@ -83,6 +90,7 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
             disagrees with VALID, an empty slot that is not blank, or unknown flag bits.
     """
     op = "from_cann_bytes"
+    key_dtype = check_key_dtype(op, key_dtype)
     width = row_bytes(embedding_dim)
     buf = np.asarray(buffer)
     if buf.dtype != np.uint8 or buf.size % width or (buf.ndim == 2 and buf.shape[1] != width):
@@ -91,8 +99,9 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int) -> HashTable:
     rows = parse_cann_rows(buf.reshape(-1, width), embedding_dim, op)
     live, not_exported = live_counts(rows.flags)
     return HashTable(*(jnp.asarray(f) for f in rows[:6]),
-                     last_access=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live), not_exported=jnp.int32(not_exported),
-                     dropped=as_counter(0), clock=jnp.zeros((), jnp.uint32))
+                     last_access=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live),
+                     not_exported=jnp.int32(not_exported), dropped=as_counter(0),
+                     clock=jnp.zeros((), jnp.uint32), key_dtype=key_dtype)
 
 
 def live_counts(flags: np.ndarray) -> tuple[int, int]:

@@ -4,7 +4,8 @@ File layout: the 8-byte magic ``b"JXHTABLE"``, uint32 LE format version, uint32 
 length, a JSON header (sizes, counts, payload length, SHA-256 of the payload), then the
 payload: the CANN bucket array (:func:`~jaxops.ops.hashtable.cann_bytes.to_cann_bytes`),
 byte-exact, and from version 2 the uint32 LE ``last_access`` of every slot after it.
-Version 2 headers also hold the table's ``clock``, ``max_load_factor`` and ``load_policy``;
+Version 2 headers also hold the table's ``clock``, ``max_load_factor`` and ``load_policy``,
+and may hold its ``key_dtype`` (``"int64"`` when absent, as in files written before it);
 version 1 files (no scores, no load fields) still load, with ``last_access`` and ``clock``
 0 and the default load limit and policy.
 
@@ -42,7 +43,7 @@ from jaxops.ops.hashtable.host_chunks import TableWriter, chunk_slots_for, iter_
 from jaxops.ops.hashtable.load import LOAD_POLICIES
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.probe_check import ProbeCheck
-from jaxops.ops.hashtable.table import MAX_BUCKET_SIZE, HashTable, check_table
+from jaxops.ops.hashtable.table import KEY_DTYPES, MAX_BUCKET_SIZE, HashTable, check_table
 
 __all__ = ["MAGIC", "VERSION", "CheckpointError", "load", "save"]
 
@@ -71,7 +72,7 @@ def save(table: HashTable, path: str | os.PathLike) -> None:
     fields = {"bucket_size": size, "embedding_dim": dim, "live": int(table.live),
               "not_exported": int(table.not_exported), "dropped": int(table.dropped),
               "clock": int(table.clock), "max_load_factor": table.max_load_factor,
-              "load_policy": table.load_policy,
+              "load_policy": table.load_policy, "key_dtype": table.key_dtype,
               "payload_bytes": size * (row_bytes(dim) + _SCORE_BYTES)}
     with atomic_writer("save", path) as f:
         header = _header_bytes(fields, _NO_SUM)
@@ -188,6 +189,9 @@ def _check_header(header, where: str, version: int) -> None:
         if not isinstance(policy, str) or policy not in LOAD_POLICIES:
             raise CheckpointError(f"{where}: corrupt header: field 'load_policy' is "
                                   f"{policy!r}, expected one of {sorted(LOAD_POLICIES)}")
+    if header.get("key_dtype", "int64") not in KEY_DTYPES:
+        raise CheckpointError(f"{where}: corrupt header: field 'key_dtype' is "
+                              f"{header['key_dtype']!r}, expected one of {list(KEY_DTYPES)}")
     sha = header.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
         raise CheckpointError(f"{where}: corrupt header: field 'sha256' is {sha!r}, expected "
@@ -240,7 +244,7 @@ def _read_payload(f, where: str, size: int, dim: int, header: dict) -> HashTable
         "clock": header["clock"], "max_load_factor": float(header["max_load_factor"]),
         "load_policy": header["load_policy"]}
     return writer.finish(live=live, not_exported=not_exported, dropped=header["dropped"],
-                         **loads)
+                         key_dtype=header.get("key_dtype", "int64"), **loads)
 
 
 def _read_scores(f, where: str, size: int, step: int, digest, writer: TableWriter | None

@@ -106,14 +106,14 @@ def atomic_writer(op: str, path: str | os.PathLike) -> Iterator[BinaryIO]:
     full = os.path.abspath(path)
     directory, target = os.path.split(full)
     if os.path.isdir(full):
-        raise _path_error(IsADirectoryError(21, "Is a directory"), op, path, "is a directory")
+        raise _path_error(IsADirectoryError(21, "Is a directory"), op, path, "It is a directory")
     remove_stale_temps(full)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target}.{os.getpid()}.", suffix=".tmp",
                                    dir=directory)
     except OSError as e:
-        why = "its directory does not exist" if isinstance(e, FileNotFoundError) else \
-            "its directory cannot be written to"
+        why = "Its directory does not exist" if isinstance(e, FileNotFoundError) else \
+            "Its directory cannot be written to"
         raise _path_error(e, op, path, why) from None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -135,7 +135,7 @@ def atomic_writer(op: str, path: str | os.PathLike) -> Iterator[BinaryIO]:
 
 def _path_error(e: OSError, op: str, path: str, why: str) -> OSError:
     msg = describe(op, "path", "a file path in an existing directory this process can write",
-                   repr(path), f"{why} ({e.strerror}).")
+                   repr(path), f"{why} ({e.strerror})")  # str(e) adds ": path"
     err = type(e)(e.errno, msg)
     err.filename = path
     return err

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.lanes import while_loop
 from jaxops.ops.hashtable.opdefs import INIT
-from jaxops.ops.hashtable.table import HashTable, check_bucket_size
+from jaxops.ops.hashtable.table import HashTable, check_bucket_size, check_key_dtype
 
 __all__ = ["RANDOM_RANGE", "init_table"]
 
@@ -32,7 +33,7 @@ _RANDOM_CHUNK_VALUES = 1 << 20
 
 def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = "random",
                constant_value: float = 0.0, sampled_values: jax.Array | None = None,
-               key: jax.Array | None = None) -> HashTable:
+               key: jax.Array | None = None, key_dtype: Any = np.int64) -> HashTable:
     """A table of ``bucket_size`` empty slots, each already holding the row a new key gets.
 
     Args:
@@ -44,6 +45,9 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         constant_value: the value of ``"constant"`` mode.
         sampled_values: float32, ``bucket_size * embedding_dim`` values.
         key: a PRNG key, used when ``sampled_values`` is not given.
+        key_dtype: ``np.int64`` (CANN's) or ``np.uint64`` (static): the keys' dtype. Host
+            keys must fit it, and ``export``, ``export_chunks`` and checkpoints give keys
+            back in it (see :mod:`~jaxops.ops.hashtable.table`).
 
     Returns:
         The new :class:`HashTable` (no keys, counters zero).
@@ -51,19 +55,20 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
     op = INIT.name
     bucket_size = check_bucket_size(op, bucket_size)
     embedding_dim = _check_embedding_dim(op, embedding_dim)  # before the arguments sized by it
+    key_dtype = check_key_dtype(op, key_dtype)
     if initializer_mode == "random" and sampled_values is None:
         if key is None:
             raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
                                   "embedding_dim values, or key=<PRNG key>, in random mode",
                                   "neither", "Pass initializer_mode='constant' for fixed rows.")
-        return _random_table(key, bucket_size, embedding_dim)
+        return _random_table(key, bucket_size, embedding_dim).replace(key_dtype=key_dtype)
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
         sampled_values = jax.device_put(np.asarray(sampled_values, np.float32))
     (table,) = INIT(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
                     initializer_mode=initializer_mode, constant_value=constant_value)
-    return table
+    return table.replace(key_dtype=key_dtype)
 
 
 @INIT.kernel("xla")

@@ -48,7 +48,7 @@ def evict(table: HashTable, keys: Any, *, init_mode: str = "constant", const_val
     """
     op = EVICT.name
     table = check_table(op, table)
-    words = as_words(keys, op, "keys")
+    words = as_words(keys, op, "keys", table.key_dtype)
     n = int(words.lo.size)
     if init_mode == "random":
         if sampled_values is None or jnp.size(sampled_values) != n * table.embedding_dim:

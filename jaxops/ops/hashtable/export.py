@@ -60,8 +60,10 @@ def export(tables: HashTable | Sequence[HashTable], *, export_mode: str = "all",
         ``(tables, keys, counters, filter_flags, values)``; for a single table each is one
         item, for a sequence each is a list. Every output is a :class:`DynArray` with max
         shape ``[size]`` (values ``[size, dim]``; ``size`` defaults to ``bucket_size``) and
-        actual size the number exported: keys int64 and counters uint64 with x64 on; with
-        x64 off both are uint32 ``[size, 2]`` word pairs (:func:`to_host_int64` joins them);
+        actual size the number exported: keys in the table's ``key_dtype`` (int64 or
+        uint64) and counters uint64 with x64 on; with x64 off both are uint32 ``[size, 2]``
+        word pairs (:func:`~jaxops.ops.hashtable.table.host_keys` and
+        :func:`~jaxops.ops.hashtable.table.to_host_int64` join them);
         filter_flags uint8 (1 where FILTER is set); values float32. The returned tables have
         EXPORT set on the exported entries and the not-exported count lowered by the newly
         exported.
@@ -101,11 +103,12 @@ def _export_one(table: HashTable, export_mode: str, filtered_export_flag: bool, 
     idx, count = compact_indices(export_mask(table.flags, export_mode, filtered_export_flag), size)
     pick = jnp.maximum(idx, 0)
     inside = idx >= 0
-    keys = join_words(Words64(take(table.key_lo, pick), take(table.key_hi, pick)))
+    signed = table.key_dtype == "int64"
+    keys = join_words(Words64(take(table.key_lo, pick), take(table.key_hi, pick)), signed)
     counters = join_words(Words64(take(table.counter_lo, pick), take(table.counter_hi, pick)),
                           signed=False)
     wide = keys.ndim == 2  # x64 off: uint32 word pairs
-    key_fill = np.uint32(0xFFFFFFFF) if wide else -1
+    key_fill = np.uint32(0xFFFFFFFF) if wide else -1 if signed else 2**64 - 1  # bits of -1
     grow = (lambda m: m[:, None]) if wide else (lambda m: m)
     keys = jnp.where(grow(inside), keys, jnp.asarray(key_fill, keys.dtype))
     counters = jnp.where(grow(inside), counters, jnp.zeros((), counters.dtype))

@@ -28,7 +28,7 @@ class ExportChunk(NamedTuple):
     """The entries one chunk of slots exports, as host arrays of the same length ``n``."""
 
     slots: np.ndarray  #: int64 ``[n]``, where each entry is held
-    keys: np.ndarray  #: int64 ``[n]``
+    keys: np.ndarray  #: ``[n]``, in the table's ``key_dtype`` (int64 or uint64)
     counters: np.ndarray  #: uint64 ``[n]``
     filter_flags: np.ndarray  #: uint8 ``[n]``, 1 where FILTER is set
     values: np.ndarray  #: float32 ``[n, embedding_dim]``
@@ -72,7 +72,7 @@ def _chunks(table: HashTable, chunk_slots: int, export_mode: str, filtered: bool
         pick = np.flatnonzero(export_mask(rows.flags, export_mode, filtered))
         if not pick.size:
             continue
-        keys = _join(rows.key_lo[pick], rows.key_hi[pick]).view(np.int64)
+        keys = _join(rows.key_lo[pick], rows.key_hi[pick]).view(table.key_dtype)
         yield ExportChunk(pick + start, keys, _join(rows.counter_lo[pick], rows.counter_hi[pick]),
                           ((rows.flags[pick] & FILTER) != 0).astype(np.uint8), rows.values[pick])
 

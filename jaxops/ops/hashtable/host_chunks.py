@@ -113,10 +113,11 @@ class TableWriter:
         self._fields = (*rest, column)
 
     def finish(self, *, live: int, not_exported: int, dropped: int, clock: int = 0,
-               max_load_factor: float = 0.9, load_policy: str = "error") -> HashTable:
+               max_load_factor: float = 0.9, load_policy: str = "error",
+               key_dtype: str = "int64") -> HashTable:
         """The finished table with its counts (the writer must not be used after)."""
         fields, self._fields = self._fields, None
         return HashTable(**dict(zip(_FIELDS, fields)), live=jnp.int32(live),
                          not_exported=jnp.int32(not_exported), dropped=as_counter(dropped),
                          clock=jnp.uint32(clock), max_load_factor=max_load_factor,
-                         load_policy=load_policy)
+                         load_policy=load_policy, key_dtype=key_dtype)

@@ -69,7 +69,7 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
     """
     op = IMPORT.name
     table = check_table(op, table)
-    words = as_words(keys, op, "keys")
+    words = as_words(keys, op, "keys", table.key_dtype)
     count_words = as_words(counters, op, "counters")
     n = int(np.prod(words.shape))
     flags = jnp.asarray(filter_flags).reshape(-1)

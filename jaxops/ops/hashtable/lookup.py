@@ -75,7 +75,7 @@ def locate(table: HashTable, keys: Any) -> jax.Array:
         keys: int64 keys — numpy int64, JAX int64 (x64), JAX int32/uint32, or ``Words64``.
     """
     table = check_table("locate", table)
-    batch = key_batch("locate", keys, table.bucket_size)
+    batch = key_batch("locate", keys, table.bucket_size, key_dtype=table.key_dtype)
     return _locate(table, batch).reshape(batch.shape)
 
 
@@ -172,7 +172,7 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
         raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
     if isinstance(step, (int, np.integer)) and not 0 <= int(step) < 2**32:
         raise OpArgumentError(op, "step", "an int in [0, 2**32)", repr(step))
-    words = as_words(keys, op, "keys")
+    words = as_words(keys, op, "keys", table.key_dtype)
     attrs = tuple(dict(filter_mode=filter_mode, filter_freq=filter_freq,
                        default_key_or_value=default_key_or_value, default_key=default_key,
                        default_value=default_value, filter_key_flag=filter_key_flag,

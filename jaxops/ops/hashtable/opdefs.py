@@ -40,7 +40,9 @@ INIT = register_op(OpDef(
 
 LOOKUP_OR_INSERT = register_op(OpDef(
     name="EmbeddingHashTableLookupOrInsert",
-    inputs=[Input("table", None), Input("keys", None, doc="int64 keys (see as_words)")],
+    inputs=[Input("table", None),
+            Input("keys", None,
+                  doc="int64 keys, or uint64 for a key_dtype=uint64 table (see as_words)")],
     outputs=[Output("table", None), Output("values", {DataType.FLOAT}), Output("info", None)],
     attrs=[AttrDef("filter_mode", "str", "no_filter", choices=("no_filter", "counter")),
            AttrDef("filter_freq", "int", 0, check=_non_negative, expected="an int >= 0"),

@@ -50,7 +50,8 @@ def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "c
                               str(new_bucket_size))
     fresh = init_table(new_bucket_size, table.embedding_dim, initializer_mode=initializer_mode,
                        constant_value=constant_value, sampled_values=sampled_values, key=key)
-    fresh = fresh.replace(max_load_factor=table.max_load_factor, load_policy=table.load_policy)
+    fresh = fresh.replace(max_load_factor=table.max_load_factor, load_policy=table.load_policy,
+                          key_dtype=table.key_dtype)
     return _rehash(table, fresh)
 
 

@@ -6,11 +6,15 @@ Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a f
 ``(lo, hi)`` so that every operation runs the same with ``jax_enable_x64`` off and on; they
 become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
 
-A key is a 64-bit pattern. Keys are taken as int64 (CANN's dtype) or, for hashes, as uint64:
-uint64 ``k >= 2**63`` is the same key as int64 ``k - 2**64`` (the same bits; Python ints in
-``[-2**63, 2**64)`` likewise), and other values are refused. Keys come back as int64
-(``export``, ``export_chunks``, checkpoints); ``to_host_int64(keys, signed=False)`` or
-``keys.view(np.uint64)`` gives back the uint64 keys that were passed.
+A key is a 64-bit pattern. A table's static ``key_dtype`` (``init_table(...,
+key_dtype=np.uint64)``; default int64, CANN's dtype) says how its keys come back: ``export``
+(int64 or uint64 JAX arrays with x64 on; word pairs that :func:`host_keys` joins with x64
+off), ``export_chunks`` and checkpoints give them in that dtype. Host keys (numpy arrays,
+Python ints) are values and must fit it: uint64 keys ``>= 2**63`` are refused by an int64
+table and negative keys by a uint64 table, naming the fix. JAX arrays and :class:`Words64`
+are taken as bit patterns whatever their dtype (inside ``jit`` nothing can be checked): with
+x64 off pass 64-bit ids to a jitted step as ``as_words(ids, ...)``, since JAX itself narrows
+a numpy int64 argument to int32 before any jaxops code sees it.
 
 Flag bits (the byte CANN keeps at offset 23 of a bucket):
 
@@ -34,6 +38,11 @@ Beyond CANN, every slot also has a score for eviction: the access counter (LFU) 
 ([4294967295, 7], [4294967295, 0])
 >>> to_host_int64(as_words([2**64 - 1, -1], "Doc", "keys"), signed=False).tolist()
 [18446744073709551615, 18446744073709551615]
+>>> try:  # a host key that does not fit an int64 table
+...     as_words([2**63], "Doc", "keys", key_dtype="int64")
+... except OpArgumentError as e:
+...     print(e.given, "|", e.hint[:44])
+9223372036854775808 | Create the table with init_table(..., key_dt
 """
 
 from __future__ import annotations
@@ -80,8 +89,45 @@ def _host_words(x: np.ndarray) -> Words64:
 _INTEGERS = "an integer array (int64 keys; int32/uint32 JAX arrays)"
 _RANGE = "integers in [-2**63, 2**64) (int64, or uint64 bit patterns)"
 
+#: The dtypes a table's keys may have (``HashTable.key_dtype``).
+KEY_DTYPES = ("int64", "uint64")
+_KEY_RANGE = {"int64": "[-2**63, 2**63)", "uint64": "[0, 2**64)"}
+_KEY_FIX = {
+    "int64": "Create the table with init_table(..., key_dtype=np.uint64) to keep uint64 keys, "
+             "or pass their int64 bit patterns (keys.view(np.int64)).",
+    "uint64": "A uint64 table takes keys >= 0; pass the uint64 bit patterns "
+              "(keys.view(np.uint64)) if that is what the negative keys are.",
+}
 
-def _python_integers(x: Any, op: str, arg: str) -> np.ndarray:
+
+def check_key_dtype(op: str, key_dtype: Any, arg: str = "key_dtype") -> str:
+    """``key_dtype`` (a dtype or its name) as ``"int64"`` or ``"uint64"``, else an error."""
+    try:
+        name = np.dtype(key_dtype).name if key_dtype is not None else None
+    except TypeError:
+        name = None
+    if name not in KEY_DTYPES:
+        raise OpArgumentError(op, arg, "np.int64 or np.uint64", repr(key_dtype))
+    return name
+
+
+def _check_fit(values: np.ndarray, op: str, arg: str, key_dtype: str | None) -> None:
+    """Refuses host keys whose values the table's ``key_dtype`` cannot hold."""
+    if key_dtype == "int64" and values.dtype.kind in "uO":
+        bad = values >= 2**63
+    elif key_dtype == "uint64" and values.dtype.kind in "iO":
+        bad = values < 0
+    else:
+        return
+    bad = np.asarray(bad, bool)
+    if bad.any():
+        wrong = values[bad].reshape(-1)
+        more = f" (and {wrong.size - 1} more)" if wrong.size > 1 else ""
+        raise OpArgumentError(op, arg, f"{key_dtype} keys in {_KEY_RANGE[key_dtype]} (the "
+                              "table's key_dtype)", f"{int(wrong[0])}{more}", _KEY_FIX[key_dtype])
+
+
+def _python_integers(x: Any, op: str, arg: str, key_dtype: str | None = None) -> np.ndarray:
     """Python ints (lists, nested lists) as uint64 bit patterns, each range-checked: numpy
     alone would turn ``[2**63, -1]`` into float64 and ``[2**64]`` into objects."""
     try:
@@ -95,16 +141,20 @@ def _python_integers(x: Any, op: str, arg: str) -> np.ndarray:
                                f"a sequence holding {v!r}")
         if not -2**63 <= int(v) < 2**64:
             raise OpArgumentError(op, arg, _RANGE, repr(int(v)))
+    _check_fit(flat, op, arg, key_dtype)
     return np.array([int(v) % 2**64 for v in flat], np.uint64).reshape(items.shape)
 
 
-def as_words(x: Any, op: str, arg: str) -> Words64:
+def as_words(x: Any, op: str, arg: str, key_dtype: str | None = None) -> Words64:
     """64-bit integers in any accepted form → :class:`Words64` (uint32 JAX arrays).
 
     Accepted: a ``Words64``; a numpy integer array of any width (uint64 as bit patterns),
     split on the host so int64 survives with x64 off; Python ints and (nested) lists of
     them in ``[-2**63, 2**64)``; a JAX int64/uint64 array (x64 on); a JAX int8..int32 array
     (sign-extended) or uint8..uint32 array (zero-extended).
+
+    With ``key_dtype`` (a table's, ``"int64"`` or ``"uint64"``) host values (numpy arrays,
+    Python ints) must fit it; JAX arrays and ``Words64`` stay bit patterns.
     """
     if isinstance(x, Words64):
         return Words64(jnp.asarray(x.lo).astype(jnp.uint32), jnp.asarray(x.hi).astype(jnp.uint32))
@@ -112,13 +162,16 @@ def as_words(x: Any, op: str, arg: str) -> Words64:
         if isinstance(x, np.ndarray) and x.dtype != object:
             if x.dtype.kind not in "iu":
                 raise OpDTypeError(op, arg, _INTEGERS, str(x.dtype))
+            _check_fit(x, op, arg, key_dtype)
             return _host_words(x)
         try:
             arr = np.asarray(x)  # fast and exact when every int fits int64, or every uint64
         except (ValueError, OverflowError):
             arr = None
         if arr is None or arr.dtype.kind not in "iu":
-            arr = _python_integers(x, op, arg)
+            arr = _python_integers(x, op, arg, key_dtype)
+        else:
+            _check_fit(arr, op, arg, key_dtype)
         return _host_words(arr)
     dtype = np.dtype(x.dtype)
     if dtype.kind not in "iu":
@@ -153,6 +206,17 @@ def to_host_int64(x: Any, signed: bool = True) -> np.ndarray:
     if arr.dtype == np.uint32 and arr.ndim and arr.shape[-1] == 2:
         return np.ascontiguousarray(arr).view(dt)[..., 0]
     return arr.astype(dt)
+
+
+def host_keys(table: Any, keys: Any) -> np.ndarray:
+    """Keys from ``table`` (``export``'s, refreshed; ``join_words`` output; ``Words64``) as
+    host numpy in the table's ``key_dtype``.
+
+    >>> t = HashTable.empty(4, 1, jnp.zeros((4, 1))).replace(key_dtype="uint64")
+    >>> host_keys(t, as_words([2**64 - 1], "Doc", "keys")).tolist()
+    [18446744073709551615]
+    """
+    return to_host_int64(keys, signed=table.key_dtype == "int64")
 
 
 def add_to_words(words: Words64, amount: jax.Array) -> Words64:
@@ -215,6 +279,8 @@ class HashTable:
             it by one, or sets it to its ``step=``); wraps after 2**32 steps (not in CANN).
         max_load_factor, load_policy: static; the most live keys an insert may leave, as a
             fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
+        key_dtype: static, ``"int64"`` or ``"uint64"``: the dtype keys are checked against
+            and given back in (see the module docstring).
     """
 
     key_lo: jax.Array
@@ -231,6 +297,7 @@ class HashTable:
     # Static (part of the pytree's structure): see jaxops.ops.hashtable.load. Not in CANN.
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
+    key_dtype: str = dataclasses.field(default="int64", metadata={"static": True})
 
     @property
     def bucket_size(self) -> int:
@@ -270,7 +337,9 @@ class HashTable:
                    Counter64.zero(), jnp.zeros((), jnp.uint32))
 
     def __repr__(self) -> str:
-        return f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim})"
+        dtype = "" if self.key_dtype == "int64" else f", key_dtype={self.key_dtype!r}"
+        return (f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim}"
+                f"{dtype})")
 
 
 def check_table(op: str, table: Any, arg: str = "table") -> HashTable:

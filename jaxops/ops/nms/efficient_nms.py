@@ -10,12 +10,16 @@ than a DynArray. The semantics follow TensorRT's plugin (efficientNMSInference.c
   lower ``box * C + class``, go through one greedy pass in that order;
 - a candidate is suppressed when its IoU with a kept box of the same class (any class with
   ``class_agnostic``) is ``>= iou_threshold``, IoU being 0 for disjoint boxes — so a
-  threshold of 0 keeps one box per class, as in TensorRT;
+  threshold of 0 keeps one finite box per class, as in TensorRT;
+- the IoU is TensorRT's operation for operation (:mod:`jaxops.core.tensorrt_boxes`: its
+  arithmetic corner swap, its comparisons): a box with a NaN coordinate mostly gets a NaN
+  IoU, which suppresses nothing and is never ``>= iou_threshold``, even at 0 (ONNX and
+  torchvision's rule for NaN boxes is :func:`~jaxops.nms`'s);
 - the first ``max_output_boxes`` kept are returned, boxes always as corners
   ``[x1, y1, x2, y2]`` (centre boxes are converted; corner boxes are returned as given).
 
 Not modelled: ``background_class``, ``score_activation``, the fused box decoder, and
-TensorRT's arithmetic corner swap (it may round flipped corners by an ulp).
+float16 arithmetic (TensorRT computes half boxes in half; here in float32).
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ def _one_image(boxes, scores, *, max_output_boxes, iou_threshold, score_threshol
     box_id, cls = cand // c, cand % c
     raw = boxes[box_id] if boxes.ndim == 2 else boxes[box_id, cls]
     center = box_coding == 1
-    keep, count = greedy_nms(decode_boxes(raw, center=center, dtype=dtype), valid[cand],
+    keep, count = greedy_nms(decode_boxes(raw, center=center, reorder="tensorrt", dtype=dtype),
+                             valid[cand],
                              iou_threshold, max_output_boxes,
                              groups=None if class_agnostic else cls, inclusive=True)
     pos, _ = compact_indices(keep, size=max_output_boxes, fill_value=0)

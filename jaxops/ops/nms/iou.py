@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.numerics import compute_dtype
+from jaxops.core.tensorrt_boxes import tensorrt_area, tensorrt_iou, tensorrt_reorder
 
 __all__ = [
     "Boxes", "decode_boxes", "iou", "suppresses",
@@ -46,7 +47,7 @@ class Boxes(NamedTuple):
         return jnp.stack([self.lo0, self.lo1, self.hi0, self.hi1], axis=-1)
 
 
-def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool = True,
+def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool | str = True,
                  dtype=None) -> Boxes:
     """Decodes ``[..., 4]`` boxes.
 
@@ -56,11 +57,13 @@ def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool = True,
       center: whether the boxes are centre-size encoded.
       reorder: sort each axis' two edges so that ``lo <= hi``. ONNX Runtime does this for
         corner boxes but not for centre boxes (a negative size then makes a box that
-        overlaps nothing); TensorRT does it for both.
+        overlaps nothing); TensorRT does it for both, as ``reorder="tensorrt"``: its
+        arithmetic swap and its area (:mod:`jaxops.core.tensorrt_boxes`).
       dtype: arithmetic dtype (default :func:`compute_dtype` of ``boxes``).
 
     Returns:
-      :class:`Boxes`; the area is ``(hi0 - lo0) * (hi1 - lo1)``, as ONNX Runtime computes it.
+      :class:`Boxes`; the area is ``(hi0 - lo0) * (hi1 - lo1)``, as ONNX Runtime computes it
+      (TensorRT's ``area`` with ``reorder="tensorrt"``).
     """
     boxes = jnp.asarray(boxes)
     boxes = boxes.astype(dtype or compute_dtype(boxes.dtype))
@@ -69,6 +72,9 @@ def decode_boxes(boxes: jax.Array, center: bool = False, reorder: bool = True,
         # half = size / 2 then centre -/+ half: the exact float ops ONNX Runtime uses.
         h0, h1 = q0 / 2, q1 / 2
         p0, p1, q0, q1 = p0 - h0, p1 - h1, p0 + h0, p1 + h1
+    if reorder == "tensorrt":
+        (p0, q0), (p1, q1) = tensorrt_reorder(jnp, p0, q0), tensorrt_reorder(jnp, p1, q1)
+        return Boxes(p0, p1, q0, q1, tensorrt_area(jnp, p0, p1, q0, q1))
     if reorder:
         p0, q0 = jnp.minimum(p0, q0), jnp.maximum(p0, q0)
         p1, q1 = jnp.minimum(p1, q1), jnp.maximum(p1, q1)
@@ -82,13 +88,11 @@ def _intersection(a: Boxes, b: Boxes) -> jax.Array:
     return jnp.maximum(d0, 0) * jnp.maximum(d1, 0)
 
 
-def iou(a: Boxes, b: Boxes) -> jax.Array:
-    """Intersection over union of broadcasting ``a`` and ``b``; 0 where the boxes do not
-    overlap or the union is not positive (TensorRT's convention)."""
-    inter = _intersection(a, b)
-    union = a.area + b.area - inter
-    ok = (inter > 0) & (union > 0)
-    return jnp.where(ok, inter / jnp.where(ok, union, 1), 0)
+def iou(kept: Boxes, later: Boxes) -> jax.Array:
+    """TensorRT's intersection over union of broadcasting boxes (see
+    :mod:`jaxops.core.tensorrt_boxes`): 0 where the boxes do not overlap or the union is not
+    positive, NaN where a NaN coordinate reaches the division."""
+    return tensorrt_iou(jnp, tuple(later[:4]), tuple(kept[:4]), later.area, kept.area)
 
 
 def suppresses(kept: Boxes, later: Boxes, iou_threshold: float, *,
@@ -101,8 +105,10 @@ def suppresses(kept: Boxes, later: Boxes, iou_threshold: float, *,
       inclusive: ``False``: suppress when ``IoU > t`` (ONNX, torchvision), with IoU
         computed as ``inter / union`` in float32 exactly as ONNX Runtime does, so decisions
         match it bit for bit; disjoint and zero-area boxes never suppress (``0 / union`` is
-        0 or NaN). ``True``: ``IoU >= t`` with IoU 0 for disjoint boxes (TensorRT
-        EfficientNMS), so ``t = 0`` suppresses every later box.
+        0 or NaN). ``True``: TensorRT EfficientNMS's ``IoU >= t`` (:func:`iou`; boxes
+        decoded with ``reorder="tensorrt"``): IoU 0 for disjoint boxes, so ``t = 0``
+        suppresses every later finite box, and NaN (never suppresses) where a NaN
+        coordinate reaches the division.
     """
     if inclusive:
         return iou(kept, later) >= iou_threshold

@@ -47,7 +47,7 @@ import numpy as np
 from jaxops.capacity import run_with_policy
 from jaxops.core.dtypes import FLOATING, INDEX, INTEGER
 from jaxops.core.dynarray import DynArray
-from jaxops.core.errors import OpArgumentError
+from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.core.float_bits import largest_at_most, ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
@@ -284,6 +284,10 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
     check_fits("nms", "boxes", boxes)  # before jnp.asarray narrows them
     check_fits("nms", "scores", scores)
     boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
+    for arg, x in (("boxes", boxes), ("scores", scores)):  # named here, not NonMaxSuppression
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise OpDTypeError("nms", arg, "a float array (as torchvision's nms)", str(x.dtype),
+                               "Pass float coordinates, e.g. [[0., 0., 1., 1.]].")
     rows = non_max_suppression(
         boxes[None], scores[None, None],
         n if max_output_size is None else _limit("nms", max_output_size),

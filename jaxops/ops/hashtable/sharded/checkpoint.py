@@ -46,7 +46,7 @@ from jaxops.ops.hashtable.resize import _rehash
 from jaxops.ops.hashtable.sharded.io import assemble, local_shards
 from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_mesh_axis,
                                                 check_sharded, owner_shard, unrouted_count)
-from jaxops.ops.hashtable.table import EVICTED, VALID, HashTable, as_counter
+from jaxops.ops.hashtable.table import KEY_DTYPES, EVICTED, VALID, HashTable, as_counter
 
 __all__ = ["MANIFEST", "is_sharded_checkpoint", "load", "save"]
 
@@ -77,7 +77,7 @@ def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
                     "shard_size": table.shard_size, "embedding_dim": table.embedding_dim,
                     "axis": table.axis, "files": names,
                     "max_load_factor": shards.max_load_factor, "load_policy": shards.load_policy,
-                    "unrouted": int(table.unrouted)}
+                    "key_dtype": shards.key_dtype, "unrouted": int(table.unrouted)}
         with atomic_writer("save", os.path.join(path, MANIFEST)) as f:
             f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
         for entry in os.listdir(path):
@@ -122,6 +122,9 @@ def read_manifest(path) -> dict:
         raise CheckpointError(f"{where}: corrupt {MANIFEST}: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
         raise CheckpointError(f"{where}: {MANIFEST} is not a {_FORMAT} manifest")
+    if manifest.get("key_dtype", "int64") not in KEY_DTYPES:
+        raise CheckpointError(f"{where}: corrupt {MANIFEST}: key_dtype "
+                              f"{manifest['key_dtype']!r}, expected one of {list(KEY_DTYPES)}")
     files = manifest.get("files")
     if not isinstance(files, list) or len(files) != manifest.get("num_shards") or any(
             not isinstance(f, str) or os.path.isabs(f) or ".." in f.split("/") for f in files):
@@ -151,7 +154,8 @@ def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = N
     files = [os.path.join(path, f) for f in manifest["files"]]
     wanted = _shards_here(mesh, axis)  # {shard: a local device that holds it}
     policy = dict(max_load_factor=manifest["max_load_factor"],
-                  load_policy=manifest["load_policy"])
+                  load_policy=manifest["load_policy"],
+                  key_dtype=manifest.get("key_dtype", "int64"))  # absent: an older manifest
     if n == m and per == size:
         local = {i: load_one(files[i]).replace(**policy) for i in wanted}
     else:

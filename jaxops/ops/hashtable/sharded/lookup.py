@@ -78,8 +78,9 @@ def global_slots(where: Where, slots: jax.Array) -> jax.Array:
     return jnp.where(slots >= 0, base + slots, -1)
 
 
-def flat_words(op: str, keys: Any) -> tuple[Words64, tuple[int, ...]]:
-    words = as_words(keys, op, "keys")
+def flat_words(op: str, keys: Any, key_dtype: str | None = None
+               ) -> tuple[Words64, tuple[int, ...]]:
+    words = as_words(keys, op, "keys", key_dtype)
     return Words64(words.lo.reshape(-1), words.hi.reshape(-1)), words.shape
 
 
@@ -127,7 +128,7 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
     if attrs.pop("donate", False):
         raise OpArgumentError(op, "donate", "False for a ShardedHashTable (donate it to a "
                               "jitted step with donate_argnums)", "True")
-    words, shape = flat_words(op, keys)
+    words, shape = flat_words(op, keys, table.key_dtype)
     attrs = _defaults(attrs)
     table = _advance_clock(op, table, step)
     statics = (where_of(table), tuple(sorted(attrs.items())))
@@ -200,7 +201,7 @@ def _find_local(statics, table, words, active, replicated, capacity):
 def _read(op: str, table: ShardedHashTable, keys: Any, default_value: float,
           route_capacity, overflow) -> tuple[jax.Array, jax.Array, RouteInfo]:
     table = check_sharded(op, table)
-    words, shape = flat_words(op, keys)
+    words, shape = flat_words(op, keys, table.key_dtype)
     n = int(words.lo.shape[0])
     statics = (where_of(table), float(default_value))
 

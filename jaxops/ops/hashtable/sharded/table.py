@@ -80,6 +80,12 @@ class ShardedHashTable:
         return self.shards.embedding_dim
 
     @property
+    def key_dtype(self) -> str:
+        """The keys' dtype, ``"int64"`` or ``"uint64"`` (``init_sharded_table(...,
+        key_dtype=)``)."""
+        return self.shards.key_dtype
+
+    @property
     def values(self) -> jax.Array:
         """float32 ``[num_shards, shard_size, dim]``: differentiate through ``replace``."""
         return self.shards.values

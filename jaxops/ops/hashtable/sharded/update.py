@@ -104,7 +104,7 @@ def apply_adam_w(table: ShardedHashTable, state: Any, keys: Any, grads: jax.Arra
     elif keys is None:
         raise OpArgumentError(op, "keys", "int64 keys, or slots=", "None")
     else:
-        first = flat_words(op, keys)[0]
+        first = flat_words(op, keys, table.key_dtype)[0]
     n = int(jax.tree.leaves(first)[0].shape[0])
     grads = jnp.asarray(grads, jnp.float32)
     if grads.size != n * table.embedding_dim:
@@ -175,7 +175,7 @@ def evict(table: ShardedHashTable, keys: Any, *, init_mode: str = "constant",
     """:func:`~jaxops.ops.hashtable.evict.evict` on a sharded table."""
     op = EVICT.name
     table = check_sharded(op, table)
-    words, _ = flat_words(op, keys)
+    words, _ = flat_words(op, keys, table.key_dtype)
     n = int(words.lo.shape[0])
     if init_mode == "random":
         if sampled_values is None or jnp.size(sampled_values) != n * table.embedding_dim:
@@ -215,7 +215,7 @@ def import_(table: ShardedHashTable, keys: Any, counters: Any, filter_flags: Any
     to its owner shard. Returns ``(table, info)``; ``info.slots`` are global slots."""
     op = IMPORT.name
     table = check_sharded(op, table)
-    words, _ = flat_words(op, keys)
+    words, _ = flat_words(op, keys, table.key_dtype)
     n = int(words.lo.shape[0])
     count_words = as_words(counters, op, "counters")
     counters = Words64(count_words.lo.reshape(-1), count_words.hi.reshape(-1))
