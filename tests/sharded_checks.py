@@ -138,7 +138,8 @@ def random_operations_match_one_table():
             single, opt1 = sgd.update(single, opt1, info1.slots, grads)
             sharded, opt8 = sgd.update(sharded, opt8, info8.slots, grads)
         if i == 4:  # last batch: no key reuses a tombstone's optimizer state afterwards
-            gone = keys[:5]
+            # 20 of the batch's keys and absent ones (a full batch: save_on_8...'s program)
+            gone = np.where(np.arange(BATCH) < 20, keys, 10**15 + np.arange(BATCH))
             # (A key reusing an evicted key's slot inherits its optimizer state, a known
             # defect: tests/test_hashtable_optim.py has the strict xfail.)
             single = ht.evict(single, gone, const_val=0.5)
@@ -170,6 +171,8 @@ def random_operations_match_one_table():
 
 @check
 def routing_overflow_is_reported():
+    # Every call here runs at route_capacity 2 (one program) or at the default capacity
+    # with COUNTER (the program of random_operations_match_one_table).
     _, t = fresh_pair(8)
     cand = np.arange(5000, dtype=np.int64)
     owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
@@ -179,32 +182,39 @@ def routing_overflow_is_reported():
     dest = owner[keys].reshape(8, BATCH // 8)  # device d sends keys[8d:8d+8]
     cap = 2
     rank = np.array([[np.sum(row[:j] == row[j]) for j in range(row.size)] for row in dest])
-    want_served = (rank < cap).reshape(-1)
+    served = (rank < cap).reshape(-1)
+    needed = max(np.bincount(row, minlength=8).max() for row in dest)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        new, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, default_value=-1.0,
-                                              overflow="truncate")
+        new, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="truncate",
+                                              **COUNTER)
     assert any("not served" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    assert_equal(info.route.served, want_served, "served")
-    needed = max(np.bincount(row, minlength=8).max() for row in dest)
-    assert int(info.route.lost) == int((~want_served).sum()) and int(info.route.needed) == needed
-    assert int(new.live) == int(want_served.sum()) == int(info.inserted)
-    assert int(new.unrouted) == int((~want_served).sum()) and int(t.unrouted) == 0
+    assert_equal(info.route.served, served, "served")
+    assert int(info.route.lost) == int((~served).sum()) and int(info.route.needed) == needed
+    # Unserved keys were not inserted (nor counted); served ones were, once.
+    assert int(new.live) == int(served.sum()) == int(info.inserted)
+    assert_equal(info.slots >= 0, served, "slots of served keys")
+    assert {k: e[0] for k, e in entries(new).items()} == dict.fromkeys(keys[served].tolist(), 1)
+    assert int(new.unrouted) == int((~served).sum()) and int(t.unrouted) == 0
     try:  # a read inside jit has no table to count unserved keys in: it must ask for them
         jax.jit(lambda t: ht.find(t, keys, route_capacity=cap))(t)
         raise AssertionError("find inside jit with route_capacity and no with_route ran")
     except OpArgumentError as e:
         assert e.arg == "with_route", e
-    rows = np.asarray(rows)
-    assert np.all(rows[~want_served] == -1.0) and np.all(rows[want_served] == 0.5)
     try:
-        ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error")
+        ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error", **COUNTER)
         raise AssertionError("no CapacityOverflowError")
     except CapacityOverflowError as e:
         assert e.true_size == needed and e.capacity == cap, e
-    full, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap)  # default: expand
+    full, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, **COUNTER)  # expand
     assert int(info.route.lost) == 0 and int(full.live) == BATCH
     assert int(info.route.capacity) >= needed
+    # Seen twice now: served keys are admitted (the table's row), unserved get the default.
+    _, rows, info = ht.lookup_or_insert(full, keys, route_capacity=cap, overflow="truncate",
+                                        **COUNTER)
+    rows = np.asarray(rows)
+    assert np.all(rows[~served] == 0.0) and np.all(rows[served] == 0.5)
+    assert_equal(info.admitted, served, "admitted")
 
 
 @check
@@ -286,19 +296,23 @@ def export_import_across_shard_counts():
 
 @check
 def single_table_inside_shard_map_with_check_vma():
+    # The eager reference call is random_operations_match_one_table's (same table shape,
+    # batch and attributes): only the shard_map program is compiled here.
     mesh = mesh_of(8)
-    table = ht.init_table(64, 2, initializer_mode="constant", constant_value=1.0)
+    table, _ = fresh_pair(8)
 
     def local(keys):
-        t, rows, info = ht.lookup_or_insert(table, keys, filter_mode="counter", filter_freq=2)
+        t, rows, info = ht.lookup_or_insert(table, keys, **COUNTER)
         return rows, info.inserted[None]
 
-    keys = jnp.arange(32, dtype=jnp.int32) % 5
+    keys = jnp.arange(8 * BATCH, dtype=jnp.int32) % 37
     rows, inserted = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=jax.P("shard"),
                                            out_specs=jax.P("shard"), check_vma=True))(keys)
-    one, rows1, info1 = ht.lookup_or_insert(table, keys[:4], filter_mode="counter", filter_freq=2)
-    assert_equal(rows[:4], rows1, "rows inside shard_map")
+    one, rows1, info1 = ht.lookup_or_insert(table, np.asarray(keys[:BATCH]).astype(np.int64),
+                                            **COUNTER)
+    assert_equal(rows[:BATCH], rows1, "rows inside shard_map")
     assert_equal(inserted, np.full(8, int(info1.inserted)), "inserted per device")
+    assert int(info1.inserted) == 37 and int(info1.not_admitted) > 0
 
 
 def main(names: list[str]) -> int:

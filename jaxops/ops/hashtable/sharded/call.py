@@ -57,7 +57,8 @@ def run(local: Local, statics: tuple, table: ShardedHashTable, state: Any, batch
     any pytree of per-shard leaves) sharded like the table."""
     n = int(jax.tree.leaves(batch)[0].shape[0])
     fn = _compiled(local, statics, table.mesh, table.axis, n, local_batch(table, n), capacity)
-    batch, replicated = _global(table, batch), _global(table, replicated)
+    batch, replicated = global_replicated(table.mesh, batch), global_replicated(table.mesh,
+                                                                                   replicated)
     return fn(state, batch, replicated)
 
 
@@ -85,12 +86,12 @@ def _compiled(local, statics, mesh, axis, n, per_device, capacity):
     return jax.jit(call)
 
 
-def _global(table: ShardedHashTable, tree: Any) -> Any:
-    """With several processes, host-local inputs become global replicated arrays (every
-    process passes the same batch); with one process jit places them itself."""
+def global_replicated(mesh, tree: Any) -> Any:
+    """With several processes, host-local inputs become global arrays replicated on
+    ``mesh`` (every process passes the same values); with one process jit places them."""
     if jax.process_count() == 1:
         return tree
-    sharding = NamedSharding(table.mesh, P())
+    sharding = NamedSharding(mesh, P())
 
     def put(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
