@@ -3,7 +3,12 @@
 ``tests/test_hashtable_sharded.py`` runs ``python tests/sharded_checks.py`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (it must be set before jax is
 imported, so the rest of the suite keeps one device) and reads one JSON line per check:
-``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check.
+``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check (the last
+one reads a line from stdin: ``ok DIR`` after a 2-process run into ``DIR``).
+
+The checks share compiled programs (compiling dominates their time): every batch has
+``BATCH`` keys, the tables come from :func:`fresh_pair`, and a new check should reuse the
+shapes and attributes (``COUNTER``) of the existing ones where its property allows.
 """
 
 from __future__ import annotations
@@ -313,6 +318,27 @@ def single_table_inside_shard_map_with_check_vma():
     assert_equal(rows[:BATCH], rows1, "rows inside shard_map")
     assert_equal(inserted, np.full(8, int(info1.inserted)), "inserted per device")
     assert int(info1.inserted) == 37 and int(info1.not_admitted) > 0
+
+
+@check
+def two_processes_match_one_table():
+    """Last: the 2-process run (tests/sharded_multiprocess.py, started by the parent test
+    alongside this child) has saved its table; the parent writes one line on stdin once
+    both processes ended: ``ok <dir>`` or ``failed``. Its checkpoint loads onto 4 shards
+    here and must equal one unsharded table fed the same batches."""
+    import tests.sharded_multiprocess as mp
+
+    status, _, where = sys.stdin.readline().strip().partition(" ")
+    if status != "ok":
+        raise AssertionError(f"the two processes did not finish: {status!r} (their output "
+                             "is in the parent test's report)")
+    loaded = ht.load(os.path.join(where, "table"), mesh=mesh_of(4), axis="shard")
+    assert loaded.num_shards == 4 and loaded.bucket_size == mp.SLOTS
+    single, _ = fresh_pair(8)  # the programs of random_operations_match_one_table
+    single, _, _ = mp.train(single, ht.adam_w_init(single), ht)
+    same(entries(single, live_only=True), entries(loaded, live_only=True),
+         "2 processes vs one table", exact_rows=False)
+    assert int(loaded.live) == int(single.live) > 0
 
 
 def main(names: list[str]) -> int:
