@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxops.hashtable as ht  # noqa: E402
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
-from jaxops.ops.hashtable.table import EVICTED, VALID  # noqa: E402
+from jaxops.ops.hashtable.table import EVICTED, FILTER, VALID  # noqa: E402
 
 DIM = 4
 CHECKS = []
@@ -172,6 +172,52 @@ def random_operations_match_one_table():
     rows8, found8 = ht.find(sharded, probe)
     np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6)
     assert_equal(found1, found8, "find found")
+    maintenance_on_the_same_tables(single, sharded, info8.slots)
+
+
+def maintenance_on_the_same_tables(single, sharded, batch_slots):
+    """evict_if, evict_lowest, compact, export_chunks and to_cann_bytes on a sharded table
+    that equals ``single`` (random_operations_match_one_table's tables)."""
+    old = entries(sharded, live_only=True)
+    pick = ht.not_seen_for(2)  # per entry: exactly one table's result
+    same(entries(ht.evict_if(single, pick), live_only=True),
+         entries(ht.evict_if(sharded, pick), live_only=True), "evict_if", exact_rows=False)
+    # evict_lowest over all shards: oldest first, then lowest counter, then global slot.
+    t, get, flags, keys = _host_slots(sharded)
+    age = (get(t.clock)[0] - get(t.last_access)).astype(np.uint32)
+    counter = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
+    kept = set(np.asarray(batch_slots).reshape(-1).tolist())
+    order = [i for i in np.lexsort((np.arange(flags.size), counter, -age.astype(np.int64)))
+             if flags[i] & (VALID | EVICTED) == VALID and i not in kept]
+    low = ht.evict_lowest(sharded, 7, keep=batch_slots)
+    assert set(old) - set(entries(low, live_only=True)) == {int(keys[i]) for i in order[:7]}
+    assert int(low.live) == int(sharded.live) - 7
+    packed = ht.compact(sharded)  # tombstones gone, live entries kept
+    same(old, entries(packed), "compact")
+    marked, chunks = ht.export_chunks(sharded, 16)
+    chunks = list(chunks)
+    got = {int(k): (int(c), int(f)) for ch in chunks for k, c, f in
+           zip(ch.keys, ch.counters, ch.filter_flags)}
+    assert got == {k: (e[0], int(e[1] & FILTER != 0)) for k, e in old.items()}
+    slots = np.concatenate([ch.slots for ch in chunks])
+    assert_equal(keys[slots], np.concatenate([ch.keys for ch in chunks]), "chunk slots")
+    assert int(marked.not_exported) == 0 and int(sharded.not_exported) > 0
+    try:
+        ht.to_cann_bytes(sharded)
+        raise AssertionError("to_cann_bytes took a ShardedHashTable")
+    except OpArgumentError as e:
+        assert e.op == "to_cann_bytes" and "shard" in str(e), e
+
+
+def skewed_keys(first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of 40 keys owned by shard 3 (of 8) and 24 owned by others, shuffled, from
+    ``first`` on; and every candidate key's owner."""
+    cand = np.arange(50000, dtype=np.int64)
+    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
+    keys = np.concatenate([cand[(owner == 3) & (cand >= first)][:40],
+                           cand[(owner != 3) & (cand >= first)][:24]])
+    np.random.default_rng(4).shuffle(keys)
+    return keys, owner
 
 
 @check
@@ -179,11 +225,7 @@ def routing_overflow_is_reported():
     # Every call here runs at route_capacity 2 (one program) or at the default capacity
     # with COUNTER (the program of random_operations_match_one_table).
     _, t = fresh_pair(8)
-    cand = np.arange(5000, dtype=np.int64)
-    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
-    # Skewed: 40 keys owned by shard 3, 24 by others (a table of one shard must hold them).
-    keys = np.concatenate([cand[owner == 3][:40], cand[owner != 3][:24]])
-    np.random.default_rng(4).shuffle(keys)
+    keys, owner = skewed_keys()
     dest = owner[keys].reshape(8, BATCH // 8)  # device d sends keys[8d:8d+8]
     cap = 2
     rank = np.array([[np.sum(row[:j] == row[j]) for j in range(row.size)] for row in dest])
@@ -220,6 +262,49 @@ def routing_overflow_is_reported():
     rows = np.asarray(rows)
     assert np.all(rows[~served] == 0.0) and np.all(rows[served] == 0.5)
     assert_equal(info.admitted, served, "admitted")
+
+
+@check
+def load_policy_acts_per_shard_before_the_insert():
+    # Shards of 32 slots hold 28 live keys (max_load_factor 0.9); the skewed batch sends
+    # 40 to shard 3. The policy acts before the insert, on that shard's count.
+    keys, _ = skewed_keys()
+    small = ht.init_sharded_table(8 * 32, DIM, mesh_of(8), "shard", initializer_mode="constant")
+    try:
+        ht.lookup_or_insert(small, keys, **COUNTER)
+        raise AssertionError("policy 'error': no error")
+    except OpArgumentError as e:
+        assert "shard 3" in str(e) and "40" in str(e), e
+    assert int(small.live) == 0
+    # "grow": every shard doubles (to the 64-slot shards of the other checks), then the
+    # insert runs once: the clock steps once, and entries and scores equal one table's.
+    # (Rows of free slots are 0.0 in both: a grow's new slots get resize's default.)
+    single = ht.init_table(8 * 64 * 4, DIM, initializer_mode="constant")
+    grown = ht.set_load_policy(small, policy="grow")
+    for _ in range(2):
+        single, rows1, _ = ht.lookup_or_insert(single, keys, **COUNTER)
+        grown, rows8, _ = ht.lookup_or_insert(grown, keys, **COUNTER)
+        assert_equal(rows1, rows8, "rows after grow")
+    assert grown.shard_size == 64 and grown.shards.load_policy == "grow"
+    same(entries(single), entries(grown), "grown vs one table")
+    assert scores(single) == scores(grown) and scores(grown)[1] == [2], scores(grown)[1]
+    # "evict": shard 3 holds 40 live keys (57 allowed). A batch of 30 new keys of shard 3,
+    # 10 of its old ones and 24 new keys of other shards: 13 of the 30 old keys it does not
+    # touch become tombstones first (all equally old and frequent: the lowest slots go).
+    table = ht.set_load_policy(grown, policy="evict")
+    keys, owner = skewed_keys()
+    newer, _ = skewed_keys(first=int(keys.max()) + 1)
+    old3 = keys[owner[keys] == 3]
+    batch = np.concatenate([newer[owner[newer] == 3][:30], old3[:10],
+                            newer[owner[newer] != 3][:24]])
+    before = entries(table)
+    table, _, info = ht.lookup_or_insert(table, batch, **COUNTER)
+    assert int(np.asarray(table.shards.live)[3]) == table.shards.max_live == 57
+    after = entries(table, live_only=True)
+    gone = set(before) - set(after)
+    assert len(gone) == 13 and gone <= set(old3[10:].tolist()), sorted(gone)
+    assert bool(np.all(np.asarray(info.slots) >= 0)) and int(table.live) == len(after)
+    assert scores(table)[1] == [3]
 
 
 @check

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jaxops.capacity.policy import next_capacity, warn_once
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable
+from jaxops.ops.hashtable.table import HashTable
 
 #: ``local(statics, shard, batch, active, replicated) -> (shard', per_key, totals)``: one
 #: device's work. ``shard`` is the local HashTable (or pytree of per-shard leaves, leading
@@ -59,7 +60,16 @@ def run(local: Local, statics: tuple, table: ShardedHashTable, state: Any, batch
     fn = _compiled(local, statics, table.mesh, table.axis, n, local_batch(table, n), capacity)
     batch, replicated = global_replicated(table.mesh, batch), global_replicated(table.mesh,
                                                                                    replicated)
-    return fn(state, batch, replicated)
+    policy = table.shards.load_policy
+    new, per_key, totals = fn(_with_policy(state, "error"), batch, replicated)
+    return _with_policy(new, policy), per_key, totals
+
+
+def _with_policy(tree: Any, policy: str) -> Any:
+    """``tree`` with its tables' load policy set: the policy acts eagerly, outside the
+    programs, so one program serves every policy (no compile per policy)."""
+    return jax.tree.map(lambda x: x.replace(load_policy=policy) if isinstance(x, HashTable)
+                        else x, tree, is_leaf=lambda x: isinstance(x, HashTable))
 
 
 @functools.lru_cache(maxsize=256)

@@ -29,13 +29,15 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.hashtable.export import _export_one, mark_exported
+from jaxops.ops.hashtable.export_chunks import export_chunks as export_chunks_one
 from jaxops.ops.hashtable.load import set_load_policy as set_load_policy_one
 from jaxops.ops.hashtable.opdefs import EXPORT as EXPORT_OP
 from jaxops.ops.hashtable.resize import resize as resize_one
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 
-__all__ = ["assemble", "compact", "export", "local_shards", "resize", "set_load_policy"]
+__all__ = ["assemble", "compact", "export", "export_chunks", "local_shards", "resize",
+           "set_load_policy"]
 
 
 def export(table: ShardedHashTable, *, export_mode: str = "all",
@@ -94,6 +96,37 @@ def _exporter(mesh, axis, export_mode, filtered, cap):
         return marked, tuple(outs)
 
     return jax.jit(run)
+
+
+def export_chunks(table: ShardedHashTable, chunk_slots: int | None = None, *,
+                  export_mode: str = "all", filtered_export_flag: bool = False):
+    """:func:`~jaxops.ops.hashtable.export_chunks.export_chunks` of every shard this process
+    holds, shard after shard: ``(table, chunks)`` with every shard's exported entries marked
+    and chunks of **global** slots (``shard * shard_size + slot``), in ascending order.
+    With several processes each process streams its own shards (together: the table)."""
+    op = "export_chunks"
+    table = check_sharded(op, table)
+    local = local_shards(table)
+    opened = {i: export_chunks_one(t, chunk_slots, export_mode=export_mode,
+                                   filtered_export_flag=filtered_export_flag)[1]
+              for i, t in local.items()}  # every argument checked here, by the single table
+    marked = _marker(table.mesh, table.axis, export_mode, bool(filtered_export_flag))
+    return table.replace(shards=marked(table.shards)), _global_chunks(opened, table.shard_size)
+
+
+def _global_chunks(opened: dict, shard_size: int):
+    for i, chunks in opened.items():
+        for chunk in chunks:
+            yield chunk._replace(slots=chunk.slots + i * shard_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _marker(mesh, axis, export_mode, filtered):
+    def local(shards):
+        t = squeeze(shards)
+        return expand(mark_exported(t, export_mode, filtered, t.bucket_size))
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
 
 
 def resize(table: ShardedHashTable, new_num_slots: int, *, initializer_mode: str = "constant",
