@@ -179,16 +179,15 @@ def _reinsert(files, mesh, axis, m, per, dim, constant_value, policy, path) -> H
     # program (compiled once per file shape, not per device) moves every device's entries.
     target = init_sharded_table(m * per, dim, mesh, axis, initializer_mode="constant",
                                 constant_value=constant_value).shards
-    expected = jax.jit(lambda: jnp.zeros(m, jnp.int32),
-                       out_shardings=NamedSharding(mesh, P(axis)))()
+    expected = jax.jit(lambda: jnp.zeros(m, jnp.int32),  # placed as the mover returns it
+                       out_shardings=NamedSharding(mesh, P()))()
     dropped = 0
     for file in files:
         source = jax.device_get(load_one(file))
         dropped += int(source.dropped)
-        target, expected = _mover(mesh, axis, m)(target, expected,
-                                                 global_replicated(mesh, source))
-    words = np.array([dropped % 2**64], np.uint64).view(np.uint32)
-    target, live, expected = _finisher(mesh, axis, m)(target, expected, words[0], words[1])
+        words = np.array([dropped % 2**64], np.uint64).view(np.uint32)
+        target, live, expected = _mover(mesh, axis, m)(
+            target, *global_replicated(mesh, (expected, source, words[0], words[1])))
     live, expected = np.asarray(jax.device_get(live)), np.asarray(jax.device_get(expected))
     for j in np.flatnonzero(live != expected):
         raise OpArgumentError("load", "shard_size", f"room for {expected[j]} entries in "
@@ -199,36 +198,28 @@ def _reinsert(files, mesh, axis, m, per, dim, constant_value, policy, path) -> H
 
 @functools.lru_cache(maxsize=16)
 def _mover(mesh, axis: str, m: int):
-    """``(target, expected, source) -> (target, expected)``: every shard rehashes the live
-    entries it owns of the replicated ``source`` table and counts them."""
-    def local(target, expected, source):
+    """``(target, expected, source, dropped words) -> (target, live, expected)``: every
+    shard rehashes the live entries it owns of the replicated ``source`` table and sets its
+    counts from its flags (shard 0 carries the files' ``dropped``); ``live`` and
+    ``expected`` (entries owned so far) are ``[m]``, replicated."""
+    def local(target, expected, source, dropped_lo, dropped_hi):
+        me = jax.lax.axis_index(axis)
         live = (source.flags & (VALID | EVICTED)) == VALID
-        mine = live & (owner_shard(source.key_lo, source.key_hi, m)
-                       == jax.lax.axis_index(axis))
+        mine = live & (owner_shard(source.key_lo, source.key_hi, m) == me)
         owned = source.replace(flags=jnp.where(mine, source.flags, jnp.uint8(0)))
-        return expand(_rehash(owned, squeeze(target))), expected + jnp.sum(mine, dtype=jnp.int32)
-
-    spec = P(axis)
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, P()),
-                                 out_specs=(spec, spec)), donate_argnums=(0, 1))
-
-
-@functools.lru_cache(maxsize=16)
-def _finisher(mesh, axis: str, m: int):
-    """Every shard's counts from its flags (shard 0 carries the files' ``dropped``); returns
-    the shards and the live and expected counts of all shards (replicated)."""
-    def local(target, expected, dropped_lo, dropped_hi):
-        t = squeeze(target)
+        t = _rehash(owned, squeeze(target))
         live = (t.flags & (VALID | EVICTED)) == VALID
-        first = jax.lax.axis_index(axis) == 0  # shard 0 carries the dropped count
+        first = me == 0
         t = t.replace(live=jnp.sum(live, dtype=jnp.int32),
                       not_exported=jnp.sum(live & ((t.flags & EXPORT) == 0), dtype=jnp.int32),
                       dropped=Counter64(jnp.where(first, dropped_lo, np.uint32(0)),
                                         jnp.where(first, dropped_hi, np.uint32(0))))
-        i = jax.lax.axis_index(axis)
-        gather = lambda x: jax.lax.psum(jnp.zeros(m, jnp.int32).at[i].set(x), axis)  # noqa: E731
-        return expand(t), gather(t.live), gather(expected[0])
+        def per_shard(x):
+            return jax.lax.psum(jnp.zeros(m, jnp.int32).at[me].set(x), axis)
+
+        return (expand(t), per_shard(t.live),
+                expected + per_shard(jnp.sum(mine, dtype=jnp.int32)))
 
     spec = P(axis)
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, P(), P()),
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, P(), P(), P(), P()),
                                  out_specs=(spec, P(), P())), donate_argnums=(0,))

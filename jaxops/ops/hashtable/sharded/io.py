@@ -29,7 +29,8 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.hashtable.export import _export_one, mark_exported
-from jaxops.ops.hashtable.export_chunks import export_chunks as export_chunks_one
+from jaxops.ops.hashtable.export_chunks import _chunks as host_chunks
+from jaxops.ops.hashtable.export_chunks import check_chunk_args
 from jaxops.ops.hashtable.load import set_load_policy as set_load_policy_one
 from jaxops.ops.hashtable.opdefs import EXPORT as EXPORT_OP
 from jaxops.ops.hashtable.resize import resize as resize_one
@@ -104,19 +105,19 @@ def export_chunks(table: ShardedHashTable, chunk_slots: int | None = None, *,
     holds, shard after shard: ``(table, chunks)`` with every shard's exported entries marked
     and chunks of **global** slots (``shard * shard_size + slot``), in ascending order.
     With several processes each process streams its own shards (together: the table)."""
-    op = "export_chunks"
-    table = check_sharded(op, table)
-    local = local_shards(table)
-    opened = {i: export_chunks_one(t, chunk_slots, export_mode=export_mode,
-                                   filtered_export_flag=filtered_export_flag)[1]
-              for i, t in local.items()}  # every argument checked here, by the single table
-    marked = _marker(table.mesh, table.axis, export_mode, bool(filtered_export_flag))
-    return table.replace(shards=marked(table.shards)), _global_chunks(opened, table.shard_size)
+    table = check_sharded("export_chunks", table)
+    chunk_slots = check_chunk_args(table.embedding_dim, chunk_slots, export_mode)
+    filtered = bool(filtered_export_flag)
+    chunks = _global_chunks(local_shards(table), table.shard_size, chunk_slots, export_mode,
+                            filtered)
+    marked = _marker(table.mesh, table.axis, export_mode, filtered)
+    return table.replace(shards=marked(table.shards)), chunks
 
 
-def _global_chunks(opened: dict, shard_size: int):
-    for i, chunks in opened.items():
-        for chunk in chunks:
+def _global_chunks(local: dict, shard_size: int, chunk_slots: int, export_mode: str,
+                   filtered: bool):
+    for i, t in local.items():
+        for chunk in host_chunks(t, chunk_slots, export_mode, filtered):
             yield chunk._replace(slots=chunk.slots + i * shard_size)
 
 

@@ -2,10 +2,11 @@
 
 Each shard has the limit of one table of its size (``max_live = max_load_factor *
 shard_size``). As on one table (:mod:`~jaxops.ops.hashtable.load`), an eager insert whose
-keys could pass it (``live + len(keys) > max_live`` in the fullest shard) first counts its
-new keys per owner shard (one routed O(batch) probe, at the full routing capacity: keys a
-smaller ``route_capacity`` will not serve are counted too, so the count errs high), and
-for every shard that would pass its limit the policy acts before anything is inserted:
+keys could pass it (some shard's ``live`` plus the call's keys it owns above ``max_live``)
+first counts its new keys per owner shard (one routed O(batch) probe, at the full routing
+capacity: keys a smaller ``route_capacity`` will not serve are counted too, so the count
+errs high), and for every shard that would pass its limit the policy acts before anything
+is inserted:
 
 - ``"error"``: raises (the table is unchanged), naming the shard.
 - ``"grow"``: every shard doubles (until each fits), as :func:`~.io.resize`; keys keep
@@ -44,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.load import count_new_keys
 from jaxops.ops.hashtable.sharded import call
-from jaxops.ops.hashtable.sharded.table import ShardedHashTable
+from jaxops.ops.hashtable.sharded.table import ShardedHashTable, owner_shard
 
 __all__ = ["insert_under_policy", "to_host"]
 
@@ -63,6 +64,12 @@ def _replicator(mesh):
     return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
+@functools.partial(jax.jit, static_argnums=2)
+def _owner_counts(lo: jax.Array, hi: jax.Array, shards: int) -> jax.Array:
+    """Keys per owner shard (int32 ``[shards]``)."""
+    return jnp.zeros(shards, jnp.int32).at[owner_shard(lo, hi, shards)].add(1)
+
+
 def insert_under_policy(op: str, table: ShardedHashTable, words, skip: tuple | None,
                         run: Callable[[ShardedHashTable], Any]) -> Any:
     """``run(table)``, an insert of ``words`` (flat Words64), after the table's load
@@ -73,7 +80,9 @@ def insert_under_policy(op: str, table: ShardedHashTable, words, skip: tuple | N
     if isinstance(shards.live, jax.core.Tracer):
         return run(table)
     live = to_host(table, shards.live)
-    if int(live.max()) + n <= shards.max_live:
+    if int(live.max()) + n <= shards.max_live or np.all(
+            live + np.asarray(_owner_counts(words.lo, words.hi, table.num_shards))
+            <= shards.max_live):  # no shard could pass its limit, even if every key were new
         return run(table)
     new, present = _count(op, table, words, skip)
     needed = live + new
