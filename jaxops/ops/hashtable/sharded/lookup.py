@@ -120,7 +120,9 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
             ``default_value``; warns). Inside ``jit``, ``info.route`` reports it.
 
     Returns:
-        ``(table, rows, info)`` like one table's, with a :class:`ShardedLookupInfo`.
+        ``(table, rows, info)`` like one table's, with a :class:`ShardedLookupInfo`. The
+        table's load policy acts per shard, eagerly and before the insert (see
+        :mod:`~jaxops.ops.hashtable.sharded.policy`).
     """
     op = LOOKUP_OR_INSERT.name
     table = check_sharded(op, table)
