@@ -34,7 +34,8 @@ from jaxops.ops.hashtable.export_chunks import check_chunk_args
 from jaxops.ops.hashtable.load import set_load_policy as set_load_policy_one
 from jaxops.ops.hashtable.opdefs import EXPORT as EXPORT_OP
 from jaxops.ops.hashtable.resize import resize as resize_one
-from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, expand, squeeze,
+                                                to_host)
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 
 __all__ = ["assemble", "compact", "export", "export_chunks", "local_shards", "resize",
@@ -145,7 +146,7 @@ def resize(table: ShardedHashTable, new_num_slots: int, *, initializer_mode: str
     per = -(-new_num_slots // table.num_shards)
     live = table.shards.live
     if not isinstance(live, jax.core.Tracer):
-        most = int(np.max(jax.device_get(live)))
+        most = int(np.max(to_host(table, live)))
         if most > per:
             raise OpArgumentError(op, "new_num_slots", f"at least {most} slots per shard (the "
                                   "live keys of the fullest shard)", f"{per} per shard")

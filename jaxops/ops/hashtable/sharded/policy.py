@@ -39,29 +39,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.load import count_new_keys
 from jaxops.ops.hashtable.sharded import call
-from jaxops.ops.hashtable.sharded.table import ShardedHashTable, owner_shard
+from jaxops.ops.hashtable.sharded.table import ShardedHashTable, owner_shard, to_host
 
-__all__ = ["insert_under_policy", "to_host"]
+__all__ = ["insert_under_policy"]
 
 #: ``skip(statics, words) -> (words, skip)``: the keys an insert works on and those it
 #: skips (``lookup_or_insert``'s ``filter_key``), or None for all of them.
 Skip = Callable[[Any, Any], tuple[Any, jax.Array]]
-
-
-def to_host(table: ShardedHashTable, x: jax.Array) -> np.ndarray:
-    """An array on ``table``'s mesh (sharded or not) on the host, in every process."""
-    return np.asarray(jax.device_get(_replicator(table.mesh)(x)))
-
-
-@functools.lru_cache(maxsize=16)
-def _replicator(mesh):
-    return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
 @functools.partial(jax.jit, static_argnums=2)
