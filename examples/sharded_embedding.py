@@ -56,7 +56,10 @@ def main(steps: int = 30, batch: int = 256, devices: int | None = None) -> dict:
     mesh = jax.sharding.Mesh(np.array(devices), ("shard",))
     table = ht.init_sharded_table(16384, DIM, mesh, "shard", key=jax.random.key(0))
     state = ht.adam_w_init(table)
-    w = jnp.full((DIM,), 0.1)
+    # float32, on the mesh: as train_step returns it, so the first call's program serves
+    # every step (a weak-typed or unplaced w would compile the step twice).
+    w = jax.device_put(jnp.full((DIM,), 0.1, jnp.float32),
+                       jax.sharding.NamedSharding(mesh, jax.P()))
     losses = []
     for ids, labels in batches(steps, batch):
         words = ht.as_words(ids, "train_step", "ids")  # 64-bit ids stay exact with x64 off

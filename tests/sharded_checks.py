@@ -3,7 +3,12 @@
 ``tests/test_hashtable_sharded.py`` runs ``python tests/sharded_checks.py`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (it must be set before jax is
 imported, so the rest of the suite keeps one device) and reads one JSON line per check:
-``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check.
+``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check (the last
+one reads a line from stdin: ``ok DIR`` after a 2-process run into ``DIR``).
+
+The checks share compiled programs (compiling dominates their time): every batch has
+``BATCH`` keys, the tables come from :func:`fresh_pair`, and a new check should reuse the
+shapes and attributes (``COUNTER``) of the existing ones where its property allows.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxops.hashtable as ht  # noqa: E402
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
-from jaxops.ops.hashtable.table import EVICTED, VALID  # noqa: E402
+from jaxops.ops.hashtable.table import EVICTED, FILTER, VALID  # noqa: E402
 
 DIM = 4
 CHECKS = []
@@ -138,7 +143,8 @@ def random_operations_match_one_table():
             single, opt1 = sgd.update(single, opt1, info1.slots, grads)
             sharded, opt8 = sgd.update(sharded, opt8, info8.slots, grads)
         if i == 4:  # last batch: no key reuses a tombstone's optimizer state afterwards
-            gone = keys[:5]
+            # 20 of the batch's keys and absent ones (a full batch: save_on_8...'s program)
+            gone = np.where(np.arange(BATCH) < 20, keys, 10**15 + np.arange(BATCH))
             # (A key reusing an evicted key's slot inherits its optimizer state, a known
             # defect: tests/test_hashtable_optim.py has the strict xfail.)
             single = ht.evict(single, gone, const_val=0.5)
@@ -166,45 +172,139 @@ def random_operations_match_one_table():
     rows8, found8 = ht.find(sharded, probe)
     np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6)
     assert_equal(found1, found8, "find found")
+    maintenance_on_the_same_tables(single, sharded, info8.slots)
+
+
+def maintenance_on_the_same_tables(single, sharded, batch_slots):
+    """evict_if, evict_lowest, compact, export_chunks and to_cann_bytes on a sharded table
+    that equals ``single`` (random_operations_match_one_table's tables)."""
+    old = entries(sharded, live_only=True)
+    pick = ht.not_seen_for(2)  # per entry: exactly one table's result
+    same(entries(ht.evict_if(single, pick), live_only=True),
+         entries(ht.evict_if(sharded, pick), live_only=True), "evict_if", exact_rows=False)
+    # evict_lowest over all shards: oldest first, then lowest counter, then global slot.
+    t, get, flags, keys = _host_slots(sharded)
+    age = (get(t.clock)[0] - get(t.last_access)).astype(np.uint32)
+    counter = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
+    kept = set(np.asarray(batch_slots).reshape(-1).tolist())
+    order = [i for i in np.lexsort((np.arange(flags.size), counter, -age.astype(np.int64)))
+             if flags[i] & (VALID | EVICTED) == VALID and i not in kept]
+    low = ht.evict_lowest(sharded, 7, keep=batch_slots)
+    assert set(old) - set(entries(low, live_only=True)) == {int(keys[i]) for i in order[:7]}
+    assert int(low.live) == int(sharded.live) - 7
+    packed = ht.compact(sharded)  # tombstones gone, live entries kept
+    same(old, entries(packed), "compact")
+    marked, chunks = ht.export_chunks(sharded, 16)
+    chunks = list(chunks)
+    got = {int(k): (int(c), int(f)) for ch in chunks for k, c, f in
+           zip(ch.keys, ch.counters, ch.filter_flags)}
+    assert got == {k: (e[0], int(e[1] & FILTER != 0)) for k, e in old.items()}
+    slots = np.concatenate([ch.slots for ch in chunks])
+    assert_equal(keys[slots], np.concatenate([ch.keys for ch in chunks]), "chunk slots")
+    assert int(marked.not_exported) == 0 and int(sharded.not_exported) > 0
+    try:
+        ht.to_cann_bytes(sharded)
+        raise AssertionError("to_cann_bytes took a ShardedHashTable")
+    except OpArgumentError as e:
+        assert e.op == "to_cann_bytes" and "shard" in str(e), e
+
+
+def skewed_keys(first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of 40 keys owned by shard 3 (of 8) and 24 owned by others, shuffled, from
+    ``first`` on; and every candidate key's owner."""
+    cand = np.arange(50000, dtype=np.int64)
+    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
+    keys = np.concatenate([cand[(owner == 3) & (cand >= first)][:40],
+                           cand[(owner != 3) & (cand >= first)][:24]])
+    np.random.default_rng(4).shuffle(keys)
+    return keys, owner
 
 
 @check
 def routing_overflow_is_reported():
+    # Every call here runs at route_capacity 2 (one program) or at the default capacity
+    # with COUNTER (the program of random_operations_match_one_table).
     _, t = fresh_pair(8)
-    cand = np.arange(5000, dtype=np.int64)
-    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
-    # Skewed: 40 keys owned by shard 3, 24 by others (a table of one shard must hold them).
-    keys = np.concatenate([cand[owner == 3][:40], cand[owner != 3][:24]])
-    np.random.default_rng(4).shuffle(keys)
+    keys, owner = skewed_keys()
     dest = owner[keys].reshape(8, BATCH // 8)  # device d sends keys[8d:8d+8]
     cap = 2
     rank = np.array([[np.sum(row[:j] == row[j]) for j in range(row.size)] for row in dest])
-    want_served = (rank < cap).reshape(-1)
+    served = (rank < cap).reshape(-1)
+    needed = max(np.bincount(row, minlength=8).max() for row in dest)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        new, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, default_value=-1.0,
-                                              overflow="truncate")
+        new, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="truncate",
+                                              **COUNTER)
     assert any("not served" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    assert_equal(info.route.served, want_served, "served")
-    needed = max(np.bincount(row, minlength=8).max() for row in dest)
-    assert int(info.route.lost) == int((~want_served).sum()) and int(info.route.needed) == needed
-    assert int(new.live) == int(want_served.sum()) == int(info.inserted)
-    assert int(new.unrouted) == int((~want_served).sum()) and int(t.unrouted) == 0
+    assert_equal(info.route.served, served, "served")
+    assert int(info.route.lost) == int((~served).sum()) and int(info.route.needed) == needed
+    # Unserved keys were not inserted (nor counted); served ones were, once.
+    assert int(new.live) == int(served.sum()) == int(info.inserted)
+    assert_equal(info.slots >= 0, served, "slots of served keys")
+    assert {k: e[0] for k, e in entries(new).items()} == dict.fromkeys(keys[served].tolist(), 1)
+    assert int(new.unrouted) == int((~served).sum()) and int(t.unrouted) == 0
     try:  # a read inside jit has no table to count unserved keys in: it must ask for them
         jax.jit(lambda t: ht.find(t, keys, route_capacity=cap))(t)
         raise AssertionError("find inside jit with route_capacity and no with_route ran")
     except OpArgumentError as e:
         assert e.arg == "with_route", e
-    rows = np.asarray(rows)
-    assert np.all(rows[~want_served] == -1.0) and np.all(rows[want_served] == 0.5)
     try:
-        ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error")
+        ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error", **COUNTER)
         raise AssertionError("no CapacityOverflowError")
     except CapacityOverflowError as e:
         assert e.true_size == needed and e.capacity == cap, e
-    full, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap)  # default: expand
+    full, rows, info = ht.lookup_or_insert(t, keys, route_capacity=cap, **COUNTER)  # expand
     assert int(info.route.lost) == 0 and int(full.live) == BATCH
     assert int(info.route.capacity) >= needed
+    # Seen twice now: served keys are admitted (the table's row), unserved get the default.
+    _, rows, info = ht.lookup_or_insert(full, keys, route_capacity=cap, overflow="truncate",
+                                        **COUNTER)
+    rows = np.asarray(rows)
+    assert np.all(rows[~served] == 0.0) and np.all(rows[served] == 0.5)
+    assert_equal(info.admitted, served, "admitted")
+
+
+@check
+def load_policy_acts_per_shard_before_the_insert():
+    # Shards of 32 slots hold 28 live keys (max_load_factor 0.9); the skewed batch sends
+    # 40 to shard 3. The policy acts before the insert, on that shard's count.
+    keys, _ = skewed_keys()
+    small = ht.init_sharded_table(8 * 32, DIM, mesh_of(8), "shard", initializer_mode="constant")
+    try:
+        ht.lookup_or_insert(small, keys, **COUNTER)
+        raise AssertionError("policy 'error': no error")
+    except OpArgumentError as e:
+        assert "shard 3" in str(e) and "40" in str(e), e
+    assert int(small.live) == 0
+    # "grow": every shard doubles (to the 64-slot shards of the other checks), then the
+    # insert runs once: the clock steps once, and entries and scores equal one table's.
+    # (Rows of free slots are 0.0 in both: a grow's new slots get resize's default.)
+    single = ht.init_table(8 * 64 * 4, DIM, initializer_mode="constant")
+    grown = ht.set_load_policy(small, policy="grow")
+    for _ in range(2):
+        single, rows1, _ = ht.lookup_or_insert(single, keys, **COUNTER)
+        grown, rows8, _ = ht.lookup_or_insert(grown, keys, **COUNTER)
+        assert_equal(rows1, rows8, "rows after grow")
+    assert grown.shard_size == 64 and grown.shards.load_policy == "grow"
+    same(entries(single), entries(grown), "grown vs one table")
+    assert scores(single) == scores(grown) and scores(grown)[1] == [2], scores(grown)[1]
+    # "evict": shard 3 holds 40 live keys (57 allowed). A batch of 30 new keys of shard 3,
+    # 10 of its old ones and 24 new keys of other shards: 13 of the 30 old keys it does not
+    # touch become tombstones first (all equally old and frequent: the lowest slots go).
+    table = ht.set_load_policy(grown, policy="evict")
+    keys, owner = skewed_keys()
+    newer, _ = skewed_keys(first=int(keys.max()) + 1)
+    old3 = keys[owner[keys] == 3]
+    batch = np.concatenate([newer[owner[newer] == 3][:30], old3[:10],
+                            newer[owner[newer] != 3][:24]])
+    before = entries(table)
+    table, _, info = ht.lookup_or_insert(table, batch, **COUNTER)
+    assert int(np.asarray(table.shards.live)[3]) == table.shards.max_live == 57
+    after = entries(table, live_only=True)
+    gone = set(before) - set(after)
+    assert len(gone) == 13 and gone <= set(old3[10:].tolist()), sorted(gone)
+    assert bool(np.all(np.asarray(info.slots) >= 0)) and int(table.live) == len(after)
+    assert scores(table)[1] == [3]
 
 
 @check
@@ -286,19 +386,44 @@ def export_import_across_shard_counts():
 
 @check
 def single_table_inside_shard_map_with_check_vma():
+    # The eager reference call is random_operations_match_one_table's (same table shape,
+    # batch and attributes): only the shard_map program is compiled here.
     mesh = mesh_of(8)
-    table = ht.init_table(64, 2, initializer_mode="constant", constant_value=1.0)
+    table, _ = fresh_pair(8)
 
     def local(keys):
-        t, rows, info = ht.lookup_or_insert(table, keys, filter_mode="counter", filter_freq=2)
+        t, rows, info = ht.lookup_or_insert(table, keys, **COUNTER)
         return rows, info.inserted[None]
 
-    keys = jnp.arange(32, dtype=jnp.int32) % 5
+    keys = jnp.arange(8 * BATCH, dtype=jnp.int32) % 37
     rows, inserted = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=jax.P("shard"),
                                            out_specs=jax.P("shard"), check_vma=True))(keys)
-    one, rows1, info1 = ht.lookup_or_insert(table, keys[:4], filter_mode="counter", filter_freq=2)
-    assert_equal(rows[:4], rows1, "rows inside shard_map")
+    one, rows1, info1 = ht.lookup_or_insert(table, np.asarray(keys[:BATCH]).astype(np.int64),
+                                            **COUNTER)
+    assert_equal(rows[:BATCH], rows1, "rows inside shard_map")
     assert_equal(inserted, np.full(8, int(info1.inserted)), "inserted per device")
+    assert int(info1.inserted) == 37 and int(info1.not_admitted) > 0
+
+
+@check
+def two_processes_match_one_table():
+    """Last: the 2-process run (tests/sharded_multiprocess.py, started by the parent test
+    alongside this child) has saved its table; the parent writes one line on stdin once
+    both processes ended: ``ok <dir>`` or ``failed``. Its checkpoint loads onto 4 shards
+    here and must equal one unsharded table fed the same batches."""
+    import tests.sharded_multiprocess as mp
+
+    status, _, where = sys.stdin.readline().strip().partition(" ")
+    if status != "ok":
+        raise AssertionError(f"the two processes did not finish: {status!r} (their output "
+                             "is in the parent test's report)")
+    loaded = ht.load(os.path.join(where, "table"), mesh=mesh_of(4), axis="shard")
+    assert loaded.num_shards == 4 and loaded.bucket_size == mp.SLOTS
+    single, _ = fresh_pair(8)  # the programs of random_operations_match_one_table
+    single, _, _ = mp.train(single, ht.adam_w_init(single), ht)
+    same(entries(single, live_only=True), entries(loaded, live_only=True),
+         "2 processes vs one table", exact_rows=False)
+    assert int(loaded.live) == int(single.live) > 0
 
 
 def main(names: list[str]) -> int:

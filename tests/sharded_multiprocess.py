@@ -4,8 +4,9 @@
 ``python tests/sharded_multiprocess.py PROCESS_ID PORT OUT_DIR`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2``. Together they hold 4 devices; they
 train a table sharded over all 4 with the same batches (:func:`batches`), check a few
-global counts, and save it to ``OUT_DIR/table``. The test then loads that checkpoint in
-its own single process and compares it with one unsharded table fed the same batches.
+global counts, and save it to ``OUT_DIR/table``. The 8-device child of the same test
+(``tests/sharded_checks.py``, ``two_processes_match_one_table``) then loads that
+checkpoint and compares it with one unsharded table fed the same batches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIM = 4
+SLOTS = 256
 STEPS = 3
 
 
@@ -45,7 +47,7 @@ def main(process_id: int, port: int, out: str) -> None:
 
     assert jax.process_count() == 2 and len(jax.devices()) == 4, jax.devices()
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("shard",))
-    table = ht.init_sharded_table(256, DIM, mesh, "shard", initializer_mode="constant",
+    table = ht.init_sharded_table(SLOTS, DIM, mesh, "shard", initializer_mode="constant",
                                   constant_value=0.5)
     table, state, info = train(table, ht.adam_w_init(table), ht)
     assert int(info.route.lost) == 0 and int(info.unplaced) == 0

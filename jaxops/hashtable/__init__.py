@@ -8,21 +8,20 @@
 """
 
 from jaxops.ops.hashtable.adamw import AdamWState
-from jaxops.ops.hashtable.cann_bytes import (from_cann_bytes, handle_counters, row_bytes,
-                                             to_cann_bytes)
+from jaxops.ops.hashtable.cann_bytes import from_cann_bytes, handle_counters, row_bytes
 from jaxops.ops.hashtable.checkpoint import CheckpointError
 from jaxops.ops.hashtable.create import init_table
-from jaxops.ops.hashtable.export_chunks import ExportChunk, export_chunks
+from jaxops.ops.hashtable.export_chunks import ExportChunk
 from jaxops.ops.hashtable.import_ import ImportInfo
 from jaxops.ops.hashtable.load import LOAD_POLICIES
 from jaxops.ops.hashtable.lookup import LookupInfo
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
-from jaxops.ops.hashtable.scored import (SlotScores, counter_below, evict_if, evict_lowest,
-                                         not_seen_for)
+from jaxops.ops.hashtable.scored import SlotScores, counter_below, not_seen_for
 from jaxops.ops.hashtable.sharded.dispatch import (adam_w_init, apply_adam_w, compact, evict,
-                                                   export, find, gather, import_, load, locate,
-                                                   lookup, lookup_or_insert, resize, save,
-                                                   set_load_policy)
+                                                   evict_if, evict_lowest, export,
+                                                   export_chunks, find, gather, import_, load,
+                                                   locate, lookup, lookup_or_insert, resize,
+                                                   save, set_load_policy, to_cann_bytes)
 from jaxops.ops.hashtable.sharded.lookup import ShardedLookupInfo
 from jaxops.ops.hashtable.sharded.route import RouteInfo
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, init_sharded_table, owner_shard

@@ -52,18 +52,24 @@ def export_chunks(table: HashTable, chunk_slots: int | None = None, *,
         keep it going before donating the returned table elsewhere; rows are shared
         between the two, never copied.
     """
+    table = check_table("export_chunks", table)
+    chunk_slots = check_chunk_args(table.embedding_dim, chunk_slots, export_mode)
+    filtered = bool(filtered_export_flag)
+    marked = mark_exported(table, export_mode, filtered, table.bucket_size)
+    return marked, _chunks(table, chunk_slots, export_mode, filtered)
+
+
+def check_chunk_args(embedding_dim: int, chunk_slots: int | None, export_mode: str) -> int:
+    """``export_chunks``' arguments checked; returns the chunk size in slots."""
     op = "export_chunks"
-    table = check_table(op, table)
     if export_mode not in ("all", "new"):
         raise OpArgumentError(op, "export_mode", "'all' or 'new'", repr(export_mode))
     if chunk_slots is None:
-        chunk_slots = chunk_slots_for(table.embedding_dim)
+        chunk_slots = chunk_slots_for(embedding_dim)
     if isinstance(chunk_slots, bool) or not isinstance(chunk_slots, (int, np.integer)) \
             or chunk_slots < 1:
         raise OpArgumentError(op, "chunk_slots", "an int >= 1", repr(chunk_slots))
-    filtered = bool(filtered_export_flag)
-    marked = mark_exported(table, export_mode, filtered, table.bucket_size)
-    return marked, _chunks(table, int(chunk_slots), export_mode, filtered)
+    return int(chunk_slots)
 
 
 def _chunks(table: HashTable, chunk_slots: int, export_mode: str, filtered: bool

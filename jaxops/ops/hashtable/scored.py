@@ -116,8 +116,17 @@ def evict_lowest(table: HashTable, n: Any = None, *, fraction: float | None = No
     Returns:
         The new table.
     """
+    table = check_table("evict_lowest", table)
+    n, keep = eviction_count(table.live, n, fraction, by, keep)
+    kernel = _evict_lowest_donated if donate else _evict_lowest
+    return kernel(table, n, keep, by=by, const_val=float(const_val))
+
+
+def eviction_count(live: Any, n: Any, fraction: float | None, by: str, keep: Any
+                   ) -> tuple[jax.Array, jax.Array]:
+    """``evict_lowest``'s arguments checked: ``(n, keep)`` as int32 arrays, ``n`` from
+    ``fraction`` of ``live`` where given."""
     op = "evict_lowest"
-    table = check_table(op, table)
     if by not in ("lru", "lfu"):
         raise OpArgumentError(op, "by", "'lru' or 'lfu'", repr(by))
     if (n is None) == (fraction is None):
@@ -126,15 +135,13 @@ def evict_lowest(table: HashTable, n: Any = None, *, fraction: float | None = No
     if fraction is not None:
         if not 0.0 <= float(fraction) <= 1.0:
             raise OpArgumentError(op, "fraction", "a float in [0, 1]", repr(fraction))
-        live = table.live
         n = (int(float(fraction) * int(live)) if not isinstance(live, jax.core.Tracer)
              else (live.astype(jnp.float32) * np.float32(fraction)).astype(jnp.int32))
     elif isinstance(n, (int, np.integer)) and not 0 <= int(n) < 2**31:
         raise OpArgumentError(op, "n", "an int in [0, 2**31)", repr(n))
     keep = jnp.full((1,), -1, jnp.int32) if keep is None else \
         jnp.asarray(keep, jnp.int32).reshape(-1)
-    kernel = _evict_lowest_donated if donate else _evict_lowest
-    return kernel(table, jnp.asarray(n, jnp.int32), keep, by=by, const_val=float(const_val))
+    return jnp.asarray(n, jnp.int32), keep
 
 
 def evict_if(table: HashTable, predicate: Callable[[SlotScores], jax.Array], *,
@@ -203,16 +210,20 @@ def _score_words(table: HashTable, by: str) -> list[jax.Array]:
     return [recency, *counter] if by == "lru" else [*counter, recency]
 
 
-def lowest(words: list[jax.Array], candidate: jax.Array, n: jax.Array) -> jax.Array:
+def lowest(words: list[jax.Array], candidate: jax.Array, n: jax.Array,
+           total: Callable = lambda c: c, before: Callable = lambda c: 0) -> jax.Array:
     """The mask of the ``n`` candidates of lowest score (``words`` most significant first;
     ties to the lower index). A bisection, one bit a step: ``below`` gathers the candidates
     known to be lower than the ``n``-th score, ``tied`` those still equal to it so far.
+    ``total`` and ``before`` let the candidates span several devices (a sharded table):
+    ``total(count)`` sums a count over all of them, ``before(count)`` over those before
+    this one (the order of the ties).
 
     >>> lowest([jnp.uint32([5, 1, 5, 3])], jnp.array([True, True, True, False]),
     ...        jnp.int32(2)).tolist()
     [True, True, False, False]
     """
-    k = jnp.minimum(n, jnp.sum(candidate, dtype=jnp.int32))
+    k = jnp.minimum(n, total(jnp.sum(candidate, dtype=jnp.int32)))
     below = jnp.zeros_like(candidate)
     tied = candidate
 
@@ -220,19 +231,22 @@ def lowest(words: list[jax.Array], candidate: jax.Array, n: jax.Array) -> jax.Ar
         def bit_step(i, state, word=word):
             below, tied, k = state
             zero = tied & (((word >> (31 - i).astype(jnp.uint32)) & 1) == 0)
-            c0 = jnp.sum(zero, dtype=jnp.int32)
+            c0 = total(jnp.sum(zero, dtype=jnp.int32))
             one = c0 < k  # the n-th lowest has a 1 here: every 0 among the tied is lower
             return (jnp.where(one, below | zero, below), jnp.where(one, tied & ~zero, zero),
                     jnp.where(one, k - c0, k))
 
         below, tied, k = jax.lax.fori_loop(0, 32, bit_step, (below, tied, k))
-    return below | (tied & (jnp.cumsum(tied, dtype=jnp.int32) <= k))
+    rank = before(jnp.sum(tied, dtype=jnp.int32)) + jnp.cumsum(tied, dtype=jnp.int32)
+    return below | (tied & (rank <= k))
 
 
-def _evict_lowest_fn(table: HashTable, n, keep, *, by, const_val):
+def _evict_lowest_fn(table: HashTable, n, keep, *, by, const_val, total=lambda c: c,
+                     before=lambda c: 0):
     size = table.bucket_size
     spared = jnp.zeros(size, bool).at[jnp.where(keep >= 0, keep, size)].set(True, mode="drop")
-    picked = lowest(_score_words(table, by), _live(table) & ~spared, jnp.maximum(n, 0))
+    picked = lowest(_score_words(table, by), _live(table) & ~spared, jnp.maximum(n, 0), total,
+                    before)
     return _tombstones(table, picked, const_val)
 
 

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jaxops.capacity.policy import next_capacity, warn_once
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable
+from jaxops.ops.hashtable.table import HashTable
 
 #: ``local(statics, shard, batch, active, replicated) -> (shard', per_key, totals)``: one
 #: device's work. ``shard`` is the local HashTable (or pytree of per-shard leaves, leading
@@ -57,8 +58,18 @@ def run(local: Local, statics: tuple, table: ShardedHashTable, state: Any, batch
     any pytree of per-shard leaves) sharded like the table."""
     n = int(jax.tree.leaves(batch)[0].shape[0])
     fn = _compiled(local, statics, table.mesh, table.axis, n, local_batch(table, n), capacity)
-    batch, replicated = _global(table, batch), _global(table, replicated)
-    return fn(state, batch, replicated)
+    batch, replicated = global_replicated(table.mesh, batch), global_replicated(table.mesh,
+                                                                                   replicated)
+    policy = table.shards.load_policy
+    new, per_key, totals = fn(_with_policy(state, "error"), batch, replicated)
+    return _with_policy(new, policy), per_key, totals
+
+
+def _with_policy(tree: Any, policy: str) -> Any:
+    """``tree`` with its tables' load policy set: the policy acts eagerly, outside the
+    programs, so one program serves every policy (no compile per policy)."""
+    return jax.tree.map(lambda x: x.replace(load_policy=policy) if isinstance(x, HashTable)
+                        else x, tree, is_leaf=lambda x: isinstance(x, HashTable))
 
 
 @functools.lru_cache(maxsize=256)
@@ -85,12 +96,12 @@ def _compiled(local, statics, mesh, axis, n, per_device, capacity):
     return jax.jit(call)
 
 
-def _global(table: ShardedHashTable, tree: Any) -> Any:
-    """With several processes, host-local inputs become global replicated arrays (every
-    process passes the same batch); with one process jit places them itself."""
+def global_replicated(mesh, tree: Any) -> Any:
+    """With several processes, host-local inputs become global arrays replicated on
+    ``mesh`` (every process passes the same values); with one process jit places them."""
     if jax.process_count() == 1:
         return tree
-    sharding = NamedSharding(table.mesh, P())
+    sharding = NamedSharding(mesh, P())
 
     def put(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:

@@ -35,18 +35,20 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
-from jaxops.ops.hashtable.cann_bytes import live_counts
 from jaxops.ops.hashtable.checkpoint import load as load_one
 from jaxops.ops.hashtable.checkpoint import save as save_one
 from jaxops.ops.hashtable.checkpoint_files import atomic_writer
-from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.resize import _rehash
+from jaxops.ops.hashtable.sharded.call import global_replicated
 from jaxops.ops.hashtable.sharded.io import assemble, local_shards
 from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_mesh_axis,
-                                                check_sharded, owner_shard, unrouted_count)
-from jaxops.ops.hashtable.table import KEY_DTYPES, EVICTED, VALID, HashTable, as_counter
+                                                check_sharded, expand, init_sharded_table,
+                                                owner_shard, squeeze, unrouted_count)
+from jaxops.ops.hashtable.table import KEY_DTYPES, EVICTED, EXPORT, VALID, Counter64, HashTable
 
 __all__ = ["MANIFEST", "is_sharded_checkpoint", "load", "save"]
 
@@ -152,16 +154,16 @@ def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = N
     n, size, dim = manifest["num_shards"], manifest["shard_size"], manifest["embedding_dim"]
     per = -(-(n * size) // m) if shard_size is None else int(shard_size)
     files = [os.path.join(path, f) for f in manifest["files"]]
-    wanted = _shards_here(mesh, axis)  # {shard: a local device that holds it}
     policy = dict(max_load_factor=manifest["max_load_factor"],
                   load_policy=manifest["load_policy"],
                   key_dtype=manifest.get("key_dtype", "int64"))  # absent: an older manifest
     if n == m and per == size:
-        local = {i: load_one(files[i]).replace(**policy) for i in wanted}
+        local = {i: load_one(files[i]).replace(**policy) for i in _shards_here(mesh, axis)}
+        shards = assemble(local, mesh, axis, m)
     else:
-        local = _reinsert(files, wanted, m, per, dim, float(constant_value), policy, path)
-    return ShardedHashTable(assemble(local, mesh, axis, m),
-                            unrouted_count(mesh, manifest.get("unrouted", 0)), mesh, axis)
+        shards = _reinsert(files, mesh, axis, m, per, dim, float(constant_value), policy, path)
+    return ShardedHashTable(shards, unrouted_count(mesh, manifest.get("unrouted", 0)), mesh,
+                            axis)
 
 
 def _shards_here(mesh, axis) -> dict:
@@ -175,36 +177,53 @@ def _shards_here(mesh, axis) -> dict:
     return here
 
 
-def _reinsert(files, wanted, m, per, dim, constant_value, policy, path) -> dict[int, HashTable]:
-    # Each new shard is built on its device; each file is read once, then copied to the
-    # devices in turn (one shard's worth of extra memory, never the whole table).
-    targets = {j: jax.device_put(init_table(per, dim, initializer_mode="constant",
-                                            constant_value=constant_value), device)
-               for j, device in wanted.items()}
-    expected = dict.fromkeys(wanted, 0)
+def _reinsert(files, mesh, axis, m, per, dim, constant_value, policy, path) -> HashTable:
+    # The new shards are built on their devices; each file is read once and replicated to
+    # the devices (one shard's worth of extra memory each, never the whole table), and one
+    # program (compiled once per file shape, not per device) moves every device's entries.
+    target = init_sharded_table(m * per, dim, mesh, axis, initializer_mode="constant",
+                                constant_value=constant_value).shards
+    expected = jax.jit(lambda: jnp.zeros(m, jnp.int32),  # placed as the mover returns it
+                       out_shardings=NamedSharding(mesh, P()))()
     dropped = 0
     for file in files:
-        source = load_one(file)
+        source = jax.device_get(load_one(file))
         dropped += int(source.dropped)
-        for j, device in wanted.items():
-            mine, count = _owned_by(jax.device_put(source, device), j, m)
-            expected[j] += int(count)
-            targets[j] = _rehash(mine, targets[j])
-    out = {}
-    for j, t in targets.items():
-        live, not_exported = live_counts(np.asarray(jax.device_get(t.flags)))
-        if live != expected[j]:
-            raise OpArgumentError("load", "shard_size", f"room for {expected[j]} entries in "
-                                  f"shard {j}", f"{per} slots kept {live}",
-                                  f"Pass a larger shard_size to load {os.fspath(path)!r}.")
-        out[j] = t.replace(live=jnp.int32(live), not_exported=jnp.int32(not_exported),
-                           dropped=as_counter(dropped if j == 0 else 0), **policy)
-    return out
+        words = np.array([dropped % 2**64], np.uint64).view(np.uint32)
+        target, live, expected = _mover(mesh, axis, m)(
+            target, *global_replicated(mesh, (expected, source, words[0], words[1])))
+    live, expected = np.asarray(jax.device_get(live)), np.asarray(jax.device_get(expected))
+    for j in np.flatnonzero(live != expected):
+        raise OpArgumentError("load", "shard_size", f"room for {expected[j]} entries in "
+                              f"shard {j}", f"{per} slots kept {live[j]}",
+                              f"Pass a larger shard_size to load {os.fspath(path)!r}.")
+    return target.replace(**policy)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _owned_by(table: HashTable, shard: int, shards: int) -> tuple[HashTable, jax.Array]:
-    """``table`` with only the live entries owned by ``shard`` (the rest look free)."""
-    live = (table.flags & (VALID | EVICTED)) == VALID
-    mine = live & (owner_shard(table.key_lo, table.key_hi, shards) == shard)
-    return table.replace(flags=jnp.where(mine, table.flags, jnp.uint8(0))), jnp.sum(mine)
+@functools.lru_cache(maxsize=16)
+def _mover(mesh, axis: str, m: int):
+    """``(target, expected, source, dropped words) -> (target, live, expected)``: every
+    shard rehashes the live entries it owns of the replicated ``source`` table and sets its
+    counts from its flags (shard 0 carries the files' ``dropped``); ``live`` and
+    ``expected`` (entries owned so far) are ``[m]``, replicated."""
+    def local(target, expected, source, dropped_lo, dropped_hi):
+        me = jax.lax.axis_index(axis)
+        live = (source.flags & (VALID | EVICTED)) == VALID
+        mine = live & (owner_shard(source.key_lo, source.key_hi, m) == me)
+        owned = source.replace(flags=jnp.where(mine, source.flags, jnp.uint8(0)))
+        t = _rehash(owned, squeeze(target))
+        live = (t.flags & (VALID | EVICTED)) == VALID
+        first = me == 0
+        t = t.replace(live=jnp.sum(live, dtype=jnp.int32),
+                      not_exported=jnp.sum(live & ((t.flags & EXPORT) == 0), dtype=jnp.int32),
+                      dropped=Counter64(jnp.where(first, dropped_lo, np.uint32(0)),
+                                        jnp.where(first, dropped_hi, np.uint32(0))))
+        def per_shard(x):
+            return jax.lax.psum(jnp.zeros(m, jnp.int32).at[me].set(x), axis)
+
+        return (expand(t), per_shard(t.live),
+                expected + per_shard(jnp.sum(mine, dtype=jnp.int32)))
+
+    spec = P(axis)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, P(), P(), P(), P()),
+                                 out_specs=(spec, P(), P())), donate_argnums=(0,))

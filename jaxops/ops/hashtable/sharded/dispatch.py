@@ -19,16 +19,19 @@ import functools
 import os
 from collections.abc import Callable
 
-from jaxops.ops.hashtable import adamw, checkpoint, evict as evict_mod, export as export_mod
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable import adamw, cann_bytes, checkpoint, evict as evict_mod
+from jaxops.ops.hashtable import export as export_mod, export_chunks as export_chunks_mod
 from jaxops.ops.hashtable import gather as gather_mod, import_ as import_mod, lookup as lookup_mod
-from jaxops.ops.hashtable import load as load_policy, resize as resize_mod
+from jaxops.ops.hashtable import load as load_policy, resize as resize_mod, scored
 from jaxops.ops.hashtable.sharded import checkpoint as sharded_checkpoint
-from jaxops.ops.hashtable.sharded import io, lookup as sharded_lookup, update
+from jaxops.ops.hashtable.sharded import io, lookup as sharded_lookup
+from jaxops.ops.hashtable.sharded import scored as sharded_scored, update
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable
 
-__all__ = ["adam_w_init", "apply_adam_w", "compact", "evict", "export", "find", "gather",
-           "import_", "load", "locate", "lookup", "lookup_or_insert", "resize", "save",
-           "set_load_policy"]
+__all__ = ["adam_w_init", "apply_adam_w", "compact", "evict", "evict_if", "evict_lowest",
+           "export", "export_chunks", "find", "gather", "import_", "load", "locate", "lookup",
+           "lookup_or_insert", "resize", "save", "set_load_policy", "to_cann_bytes"]
 
 _NOTE = """
     A :class:`~jaxops.ops.hashtable.sharded.table.ShardedHashTable` is accepted as well
@@ -67,6 +70,21 @@ resize = _either(resize_mod.resize, io.resize)
 save = _either(checkpoint.save, sharded_checkpoint.save)
 compact = _either(resize_mod.compact, io.compact)
 set_load_policy = _either(load_policy.set_load_policy, io.set_load_policy)
+evict_lowest = _either(scored.evict_lowest, sharded_scored.evict_lowest)
+evict_if = _either(scored.evict_if, sharded_scored.evict_if)
+export_chunks = _either(export_chunks_mod.export_chunks, io.export_chunks)
+
+
+def _cann_bytes_of_shards(table: ShardedHashTable):
+    """A sharded table is not one CANN bucket array: refused, saying what to do."""
+    raise OpArgumentError("to_cann_bytes", "table", "a HashTable (CANN's bucket array holds "
+                          "one table; a ShardedHashTable is one table per shard)",
+                          f"a ShardedHashTable of {table.num_shards} shards",
+                          "Convert shard i alone: to_cann_bytes(jax.tree.map(lambda x: x[i], "
+                          "table.shards)); or save(table, dir) for a checkpoint of all shards.")
+
+
+to_cann_bytes = _either(cann_bytes.to_cann_bytes, _cann_bytes_of_shards)
 
 
 @functools.wraps(checkpoint.load)
@@ -74,8 +92,6 @@ def load(path: str | os.PathLike, *, mesh=None, axis: str | None = None, **kwarg
     if mesh is None and not kwargs and not sharded_checkpoint.is_sharded_checkpoint(path):
         return checkpoint.load(path)
     if mesh is None or axis is None:
-        from jaxops.core.errors import OpArgumentError
-
         raise OpArgumentError("load", "mesh", "mesh= and axis= for a sharded checkpoint (a "
                               "directory with a manifest)", f"mesh={mesh!r}, axis={axis!r}")
     return sharded_checkpoint.load(path, mesh=mesh, axis=axis, **kwargs)

@@ -29,13 +29,17 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.hashtable.export import _export_one, mark_exported
+from jaxops.ops.hashtable.export_chunks import _chunks as host_chunks
+from jaxops.ops.hashtable.export_chunks import check_chunk_args
 from jaxops.ops.hashtable.load import set_load_policy as set_load_policy_one
 from jaxops.ops.hashtable.opdefs import EXPORT as EXPORT_OP
 from jaxops.ops.hashtable.resize import resize as resize_one
-from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, expand, squeeze,
+                                                to_host)
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 
-__all__ = ["assemble", "compact", "export", "local_shards", "resize", "set_load_policy"]
+__all__ = ["assemble", "compact", "export", "export_chunks", "local_shards", "resize",
+           "set_load_policy"]
 
 
 def export(table: ShardedHashTable, *, export_mode: str = "all",
@@ -96,6 +100,37 @@ def _exporter(mesh, axis, export_mode, filtered, cap):
     return jax.jit(run)
 
 
+def export_chunks(table: ShardedHashTable, chunk_slots: int | None = None, *,
+                  export_mode: str = "all", filtered_export_flag: bool = False):
+    """:func:`~jaxops.ops.hashtable.export_chunks.export_chunks` of every shard this process
+    holds, shard after shard: ``(table, chunks)`` with every shard's exported entries marked
+    and chunks of **global** slots (``shard * shard_size + slot``), in ascending order.
+    With several processes each process streams its own shards (together: the table)."""
+    table = check_sharded("export_chunks", table)
+    chunk_slots = check_chunk_args(table.embedding_dim, chunk_slots, export_mode)
+    filtered = bool(filtered_export_flag)
+    chunks = _global_chunks(local_shards(table), table.shard_size, chunk_slots, export_mode,
+                            filtered)
+    marked = _marker(table.mesh, table.axis, export_mode, filtered)
+    return table.replace(shards=marked(table.shards)), chunks
+
+
+def _global_chunks(local: dict, shard_size: int, chunk_slots: int, export_mode: str,
+                   filtered: bool):
+    for i, t in local.items():
+        for chunk in host_chunks(t, chunk_slots, export_mode, filtered):
+            yield chunk._replace(slots=chunk.slots + i * shard_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _marker(mesh, axis, export_mode, filtered):
+    def local(shards):
+        t = squeeze(shards)
+        return expand(mark_exported(t, export_mode, filtered, t.bucket_size))
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+
 def resize(table: ShardedHashTable, new_num_slots: int, *, initializer_mode: str = "constant",
            constant_value: float = 0.0, key: jax.Array | None = None) -> ShardedHashTable:
     """Every shard rehashed into ``ceil(new_num_slots / num_shards)`` slots (keys keep their
@@ -111,7 +146,7 @@ def resize(table: ShardedHashTable, new_num_slots: int, *, initializer_mode: str
     per = -(-new_num_slots // table.num_shards)
     live = table.shards.live
     if not isinstance(live, jax.core.Tracer):
-        most = int(np.max(jax.device_get(live)))
+        most = int(np.max(to_host(table, live)))
         if most > per:
             raise OpArgumentError(op, "new_num_slots", f"at least {most} slots per shard (the "
                                   "live keys of the fullest shard)", f"{per} per shard")

@@ -26,9 +26,10 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import key_batch, live_slots
 from jaxops.ops.hashtable.gather import gather as gather_rows
-from jaxops.ops.hashtable.lookup import LookupInfo, _lookup_or_insert
+from jaxops.ops.hashtable.lookup import LookupInfo, _effective_keys, _lookup_or_insert
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.sharded import call
+from jaxops.ops.hashtable.sharded.policy import insert_under_policy
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive, send
 from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, owner_shard)
 from jaxops.ops.hashtable.table import Words64, as_words
@@ -120,7 +121,9 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
             ``default_value``; warns). Inside ``jit``, ``info.route`` reports it.
 
     Returns:
-        ``(table, rows, info)`` like one table's, with a :class:`ShardedLookupInfo`.
+        ``(table, rows, info)`` like one table's, with a :class:`ShardedLookupInfo`. The
+        table's load policy acts per shard, eagerly and before the insert (see
+        :mod:`~jaxops.ops.hashtable.sharded.policy`).
     """
     op = LOOKUP_OR_INSERT.name
     table = check_sharded(op, table)
@@ -130,23 +133,33 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
                               "jitted step with donate_argnums)", "True")
     words, shape = flat_words(op, keys, table.key_dtype)
     attrs = _defaults(attrs)
-    table = _advance_clock(op, table, step)
-    statics = (where_of(table), tuple(sorted(attrs.items())))
     n = int(words.lo.shape[0])
 
-    def attempt(capacity):
-        capacity = call.check_capacity(op, table, n, capacity)
-        new, (rows, slots, admitted, served), (counts, over, needed, lost) = call.run(
-            _lookup_or_insert_local, statics, table, table.shards, words, None, capacity)
-        info = ShardedLookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts, over,
-                                 RouteInfo(served.reshape(shape), needed, lost,
-                                           jnp.int32(capacity)))
-        return (table.after_call(new, lost), rows.reshape(*shape, table.embedding_dim), info)
+    def insert(table):
+        table = _advance_clock(op, table, step)
+        statics = (where_of(table), tuple(sorted(attrs.items())))
 
-    result = call.with_route_policy(op, overflow, route_capacity, attempt,
-                                    lambda r: r[2].route, call.local_batch(table, n))
-    return apply_sharded_load_policy(op, table, result, lambda grown: lookup_or_insert(
-        grown, keys, route_capacity=route_capacity, overflow=overflow, **attrs))
+        def attempt(capacity):
+            capacity = call.check_capacity(op, table, n, capacity)
+            new, (rows, slots, admitted, served), (counts, over, needed, lost) = call.run(
+                _lookup_or_insert_local, statics, table, table.shards, words, None, capacity)
+            info = ShardedLookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts,
+                                     over, RouteInfo(served.reshape(shape), needed, lost,
+                                                     jnp.int32(capacity)))
+            return (table.after_call(new, lost), rows.reshape(*shape, table.embedding_dim),
+                    info)
+
+        return call.with_route_policy(op, overflow, route_capacity, attempt,
+                                      lambda r: r[2].route, call.local_batch(table, n))
+
+    skip = (_filter_keys, tuple(attrs[k] for k in ("filter_key_flag", "filter_key",
+                                                   "default_key_or_value", "default_key")))
+    return insert_under_policy(op, table, words, skip, insert)
+
+
+def _filter_keys(statics, words: Words64) -> tuple[Words64, jax.Array]:
+    """The keys ``lookup_or_insert`` inserts, and those it skips (``filter_key``)."""
+    return _effective_keys(words, *statics)
 
 
 def _advance_clock(op: str, table: ShardedHashTable, step) -> ShardedHashTable:
@@ -168,24 +181,6 @@ def _defaults(attrs: dict) -> dict:
         raise OpArgumentError(LOOKUP_OR_INSERT.name, "filter_freq", "an int in [0, 2**31)",
                               repr(out["filter_freq"]))
     return out
-
-
-def apply_sharded_load_policy(op: str, table: ShardedHashTable, result: tuple, retry) -> tuple:
-    """The table's load policy when a shard passed its limit (eager calls; inside ``jit``
-    ``info.over_limit`` reports it): ``"error"`` raises, ``"grow"`` doubles every shard."""
-    over = result[-1].over_limit
-    if isinstance(over, jax.core.Tracer) or not bool(over):
-        return result
-    shards = table.shards
-    if shards.load_policy == "grow":
-        from jaxops.ops.hashtable.sharded.io import resize
-        return retry(resize(table, 2 * table.bucket_size))
-    most = int(np.max(jax.device_get(result[0].shards.live)))
-    raise OpArgumentError(op, "table", f"at most {shards.max_live} live keys per shard "
-                          f"(max_load_factor {shards.max_load_factor:g} of {shards.bucket_size} "
-                          "slots)", f"{most} in a shard after this call",
-                          "Grow the table with resize(), or set_load_policy(table, "
-                          "policy='grow').")
 
 
 def _find_local(statics, table, words, active, replicated, capacity):

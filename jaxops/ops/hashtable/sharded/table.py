@@ -102,7 +102,7 @@ class ShardedHashTable:
     @property
     def dropped(self) -> int:
         """Insertions that found no free slot, summed over the shards (host int)."""
-        lo, hi = jax.device_get((self.shards.dropped.lo, self.shards.dropped.hi))
+        lo, hi = to_host(self, (self.shards.dropped.lo, self.shards.dropped.hi))
         return int(np.sum(np.asarray(hi, np.uint64) << np.uint64(32)
                           | np.asarray(lo, np.uint64), dtype=np.uint64))
 
@@ -125,6 +125,17 @@ class ShardedHashTable:
     def __repr__(self) -> str:
         return (f"ShardedHashTable(num_shards={self.num_shards}, shard_size={self.shard_size}, "
                 f"embedding_dim={self.embedding_dim}, axis={self.axis!r})")
+
+
+def to_host(table: ShardedHashTable, tree: Any) -> Any:
+    """Arrays on ``table``'s mesh (sharded or not) on the host, in every process (a
+    sharded array of several processes is replicated first)."""
+    return jax.tree.map(np.asarray, jax.device_get(_replicator(table.mesh)(tree)))
+
+
+@functools.lru_cache(maxsize=16)
+def _replicator(mesh: Mesh):
+    return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
 def check_sharded(op: str, table: Any, arg: str = "table") -> ShardedHashTable:

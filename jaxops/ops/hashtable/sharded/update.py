@@ -34,9 +34,9 @@ from jaxops.ops.hashtable.import_ import ImportInfo, _import_kernel
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W, EVICT, IMPORT
 from jaxops.ops.hashtable.optim.rows import _apply, check_update_args
 from jaxops.ops.hashtable.sharded import call
-from jaxops.ops.hashtable.sharded.lookup import (apply_sharded_load_policy, flat_words,
-                                                 global_slots, route_keys, route_slots, total,
-                                                 where_of)
+from jaxops.ops.hashtable.sharded.lookup import (flat_words, global_slots, route_keys,
+                                                 route_slots, total, where_of)
+from jaxops.ops.hashtable.sharded.policy import insert_under_policy
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
 from jaxops.ops.hashtable.table import Counter64, Words64, add_to_words, as_words
@@ -227,15 +227,16 @@ def import_(table: ShardedHashTable, keys: Any, counters: Any, filter_flags: Any
             raise OpArgumentError(op, arg, f"{n} entries (one per key)", f"{got}")
     batch = (words, (counters, flags, rows.reshape(n, table.embedding_dim)))
 
-    def attempt(capacity):
-        capacity = call.check_capacity(op, table, n, capacity)
-        new, (slots, _), (inserted, unplaced, over, needed, lost) = call.run(
-            _import_local, (where_of(table),), table, table.shards, batch, None, capacity)
-        return (table.after_call(new, lost), ImportInfo(slots, inserted, unplaced, over),
-                RouteInfo(None, needed, lost, jnp.int32(capacity)))
+    def insert(table):
+        def attempt(capacity):
+            capacity = call.check_capacity(op, table, n, capacity)
+            new, (slots, _), (inserted, unplaced, over, needed, lost) = call.run(
+                _import_local, (where_of(table),), table, table.shards, batch, None, capacity)
+            return (table.after_call(new, lost), ImportInfo(slots, inserted, unplaced, over),
+                    RouteInfo(None, needed, lost, jnp.int32(capacity)))
 
-    new, info, _ = call.with_route_policy(op, overflow, route_capacity, attempt, lambda r: r[2],
-                                          call.local_batch(table, n))
-    return apply_sharded_load_policy(op, table, (new, info), lambda grown: import_(
-        grown, keys, counters, filter_flags, values, route_capacity=route_capacity,
-        overflow=overflow))
+        new, info, _ = call.with_route_policy(op, overflow, route_capacity, attempt,
+                                              lambda r: r[2], call.local_batch(table, n))
+        return new, info
+
+    return insert_under_policy(op, table, words, None, insert)
