@@ -7,6 +7,7 @@ Skipped as a whole, with the reason, where the native library is not built or is
 
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ import pytest
 import jaxops
 from jaxops import native
 from jaxops.backends import explain, use_backend
+from jaxops.core.errors import BackendUnavailableError
 from tests import test_op_matrix as matrix
 
 pytestmark = pytest.mark.skipif(not native.available(),
@@ -256,6 +258,9 @@ def test_unique_float_native_equals_xla():
     rng = np.random.default_rng(7)
     edges = UNIQUE_EDGES.view(np.float32)
     _unique_same(edges)
+    op = jaxops.get_op("Unique")
+    _same(functools.partial(op, size=0), edges)  # no room: only the count and the inverse
+    _same(op, np.zeros(0, np.float32))
     _unique_same(edges[::-1].copy())  # +0.0 now before -0.0
     for dt in (np.float16, jnp.bfloat16):  # 16-bit keys: the same order and equality
         with np.errstate(invalid="ignore"):  # the NaN payloads do not survive the cast
@@ -295,6 +300,33 @@ def test_native_x64_equals_xla():
             _same(functools.partial(jaxops.get_op("BatchedNMS"), iou_threshold=0.5,
                                     max_output_size=None, score_threshold=st),
                   boxes, tiny, np.zeros(6, np.int32))
+
+
+F32 = np.array([1.0, np.nan, -0.0, 1.0], np.float32)
+SERVED = [  # (op, inputs, attrs, whether the native kernel serves the call)
+    ("Unique", [F32], {}, True),
+    ("Unique", [F32.astype(np.float16)], {"sorted": False, "size": 0}, True),
+    ("Unique", [np.zeros(0, np.float32)], {}, True),
+    ("Unique", [F32.reshape(2, 2)], {"axis": 0}, False),
+    ("Unique", [F32], {"equal_nan": False}, False),
+    ("Unique", [np.arange(4)], {}, False),
+    ("NonZero", [F32], {}, True),
+    ("MaskedSelect", [F32, F32 > 0], {}, True),
+]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, serves", SERVED, ids=lambda v: repr(v)[:40])
+def test_explain_names_native_exactly_where_its_kernel_runs(op, inputs, attrs, serves):
+    """explain() asks the kernel up front: it names native iff the traced call holds a
+    native FFI call, and a declined call says why (backend="native" raises with it)."""
+    op = jaxops.get_op(op)
+    s = explain(op, inputs=inputs, attrs=attrs)
+    hlo = jax.jit(lambda *a: op(*a, **attrs)).lower(*inputs).as_text()  # lowered, not compiled
+    assert (s.backend == "native") == serves == ("custom_call @jaxops_" in hlo), str(s)
+    if not serves:
+        why = dict(s.passed_over)["native"]
+        with pytest.raises(BackendUnavailableError, match=re.escape(why)):
+            op(*inputs, backend="native", **attrs)
 
 
 def test_disabled_by_env_var_falls_back_to_xla_and_says_why():
