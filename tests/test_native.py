@@ -239,19 +239,24 @@ UNIQUE_EDGES = np.array([0x80000000, 0x7fc00000, 0, 0xffc00001, 1, 0x80000001, 0
                          0xff800000, 0x7f800001, 1, 0x80000000, 0x3f800000], np.uint32)
 
 
-def _unique_same(x, sizes=(None, 3)):
+def _unique_same(x, sizes=(None, 3), equal_nan=True):
     """Every output (y, indices, inverse, counts) of both backends, sorted or not, at each
     capacity; and, sorted, y alone (the values-only kernel), compared bit for bit (equal as
     values is not enough: -0.0 == 0.0, NaN payloads)."""
-    op = jaxops.get_op("Unique")
+    op = functools.partial(jaxops.get_op("Unique"), equal_nan=equal_nan)
     for size in sizes:
         for sorted_ in (True, False):
             _same(functools.partial(op, size=size, sorted=sorted_), x)
-        y_alone = jax.jit(lambda v, backend, s=size: op(v, size=s, backend=backend)[0].data,
+        y_alone = jax.jit(lambda v, backend, s=size: op(v, size=s, backend=backend)[0],
                           static_argnames="backend")
-        bits = [np.asarray(y_alone(x, b)) for b in ("native", "xla")]
+        assert "jaxops_unique_values" in y_alone.lower(x, "native").as_text()  # one kernel
+        every = jax.jit(lambda v, s=size: op(v, size=s, backend="native")).lower(x).as_text()
+        assert every.count("custom_call @jaxops_unique") == 1, "one kernel for every output"
+        got = [y_alone(x, b) for b in ("native", "xla")]
+        bits = [np.asarray(g.data) for g in got]
         width = f"u{bits[0].dtype.itemsize}"
         np.testing.assert_array_equal(bits[0].view(width), bits[1].view(width))
+        chex.assert_trees_all_equal(*[(g.shape, g.true_shape) for g in got])
 
 
 def test_unique_float_native_equals_xla():
@@ -270,6 +275,9 @@ def test_unique_float_native_equals_xla():
     ties[::7] = -0.0
     ties[3::11] = np.nan
     _unique_same(ties, sizes=(None, 10))
+    # equal_nan=False: each NaN a value, in order of position; the capacity cuts among them
+    _unique_same(edges, sizes=(None, 9), equal_nan=False)
+    _unique_same(ties[:200], sizes=(None,), equal_nan=False)
     _unique_same(rng.standard_normal(3000).astype(np.float32), sizes=(None,))
 
 
@@ -308,7 +316,7 @@ SERVED = [  # (op, inputs, attrs, whether the native kernel serves the call)
     ("Unique", [F32.astype(np.float16)], {"sorted": False, "size": 0}, True),
     ("Unique", [np.zeros(0, np.float32)], {}, True),
     ("Unique", [F32.reshape(2, 2)], {"axis": 0}, False),
-    ("Unique", [F32], {"equal_nan": False}, False),
+    ("Unique", [F32], {"equal_nan": False}, True),
     ("Unique", [np.arange(4)], {}, False),
     ("NonZero", [F32], {}, True),
     ("MaskedSelect", [F32, F32 > 0], {}, True),

@@ -39,6 +39,7 @@ from jaxops.core.errors import BackendUnavailableError
 from jaxops.core.float_bits import np_ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
+from jaxops.native.pruned_call import pruned_ffi_call
 
 __all__ = ["KERNELS", "declined", "native_kernel", "register", "supports"]
 
@@ -143,30 +144,27 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
 
 # -- unique ---------------------------------------------------------------------------------
 def _unique_declines(x, *, size, sorted, axis, equal_nan):
-    """Float arrays, axis None, NaNs as one value (the xla kernel's sort path)."""
+    """Float arrays, axis None (the xla kernel's sort path)."""
     if axis is not None:
         return "its Unique kernel flattens x (axis None); unique slices run on xla"
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return f"its Unique kernel takes floats; {np.dtype(x.dtype).name} runs on xla"
-    if not equal_nan:
-        return "its Unique kernel has no equal_nan=False (each NaN distinct)"
     return _too_many(math.prod(x.shape))
 
 
 def _unique(mode, struct, x, *, size, sorted, axis, equal_nan):
+    """One kernel: the full one (values and index outputs), or, sorted and with the index
+    outputs unused inside jit, the values-only one (see :mod:`jaxops.native.pruned_call`)."""
     n, cap = x.size, struct[0].data.shape[0]
     idx = struct[1].data.dtype
-    y, first, inverse, counts, total = _call(
+    values_only = [("jaxops_unique_values", (0, 4), (("equal_nan", bool(equal_nan)),))]
+    y, first, inverse, counts, total = pruned_ffi_call(
         "jaxops_unique", [((cap,), x.dtype), ((cap,), idx), ((n,), idx), ((cap,), idx), ((), i32)],
-        x.reshape(-1), sorted=bool(sorted))
+        x.reshape(-1), variants=values_only if sorted else (), sorted=bool(sorted),
+        equal_nan=bool(equal_nan))
     found = [jnp.minimum(total, cap)]
-    y = _dynarray(struct[0], y, found, [total])
-    if sorted:  # y from the values-only kernel: where y alone is used, XLA drops the other
-        values, n_values = _call("jaxops_unique_values", [((cap,), x.dtype), ((), i32)],
-                                 x.reshape(-1))
-        y = _dynarray(struct[0], values, [jnp.minimum(n_values, cap)], [n_values])
-    return (y, _dynarray(struct[1], first, found, [total]), inverse,
-            _dynarray(struct[3], counts, found, [total]))
+    return (_dynarray(struct[0], y, found, [total]), _dynarray(struct[1], first, found, [total]),
+            inverse, _dynarray(struct[3], counts, found, [total]))
 
 
 def _serves_all(*inputs, **attrs) -> None:
