@@ -168,16 +168,23 @@ void unique_impl(const U* x, int64_t n, Keys<U> keys, bool equal_nan, bool sorte
 template <typename U>
 void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t cap, U* y,
                    int32_t* total) {
-  Scratch<U> a(n), t(n);
-  for (int64_t i = 0; i < n; ++i) a.get()[i] = keys(x[i]);
-  const U* sorted = radix_sort(a.get(), t.get(), n);
+  // The keys sort in y where it has room for them (one scratch buffer less to fault in);
+  // the values then overwrite the sorted keys in place (the m-th value goes to y[m],
+  // m <= j, after key j is read).
+  Scratch<U> t(n), own(cap >= n ? 0 : n);
+  U* a = cap >= n ? y : own.get();
+  for (int64_t i = 0; i < n; ++i) a[i] = keys(x[i]);
+  const U* sorted = radix_sort(a, t.get(), n);
   const auto first_value = [&](U key) {
     for (int64_t i = 0;; ++i) if (keys(x[i]) == key) return x[i];
   };
   int64_t m = 0, j = 0;
-  for (; j < n && sorted[j] != keys.nan; ++j) {
-    if (j > 0 && sorted[j] == sorted[j - 1]) continue;
-    if (m < cap) y[m] = sorted[j] == keys.zero ? first_value(keys.zero) : value_of<U>(sorted[j]);
+  for (U previous{}; j < n; ++j) {
+    const U key = sorted[j];
+    if (key == keys.nan) break;
+    if (j > 0 && key == previous) continue;
+    previous = key;
+    if (m < cap) y[m] = key == keys.zero ? first_value(keys.zero) : value_of<U>(key);
     ++m;
   }
   if (j < n && equal_nan) {
