@@ -120,7 +120,6 @@ def _onnx_nms(mode, struct, boxes, scores, *, max_output_boxes_per_class, iou_th
     rows = struct[0].data.shape[0]
     if rows == 0 or min(boxes.shape[1], max_output_boxes_per_class) * scores.shape[1] == 0:
         return None  # nothing to compute (see the module docstring)
-        return None
     boxes, scores = _nms_float(boxes, scores)
     out, total = _call("jaxops_onnx_nms", [((rows, 3), struct[0].data.dtype), ((), i32)],
                        boxes, scores, limit=min(boxes.shape[1], max_output_boxes_per_class),
