@@ -290,6 +290,11 @@ def test_unique_native_vmap_equals_xla():
         v, size=8, return_index=True, return_inverse=True, return_counts=True, backend=b)))
         for b in ("native", "xla")}
     chex.assert_trees_all_equal(f["native"](x), f["xla"](x))
+    x[1, ::7] = np.nan  # y alone (the values-only kernel, batched), NaNs distinct
+    y = {b: jax.jit(jax.vmap(lambda v, b=b: jaxops.unique(v, size=8, equal_nan=False, backend=b)))
+         for b in ("native", "xla")}
+    assert "jaxops_unique_values" in y["native"].lower(x).as_text()
+    chex.assert_trees_all_equal(y["native"](x), y["xla"](x))
 
 
 def test_native_x64_equals_xla():
