@@ -57,28 +57,25 @@ def _nms(name, boxes, scores, max_out, iou, score_threshold, repeats, target):
     return _pair(name, ours, "onnxruntime NMS", lambda: session.run(None, feeds), target, repeats)
 
 
-def run(quick: bool = False) -> list[Result]:
-    """Every case of the issue's table (smaller inputs with ``quick``)."""
-    from jaxops import native as lib
-
-    if not lib.available():
-        print(f"native kernels unavailable ({lib.why_unavailable()}): xla rows only")
-    rng = np.random.default_rng(0)
-    repeats = 5 if quick else 21
-    n_boxes, big = (1000, 1 << 16) if quick else (5000, 1 << 24)
+def nms_cases(rng, quick: bool, repeats: int) -> list[Result]:
+    n_boxes = 1000 if quick else 5000
     results = _nms(f"ONNX NMS 1x1x{n_boxes} max100 IoU.5", uniform_boxes(rng, n_boxes),
                    rng.random((1, 1, n_boxes), dtype=np.float32), 100, 0.5, None, repeats, 1.0)
     b, c, n = (2, 5, 200) if quick else (8, 20, 1000)
     boxes = np.concatenate([uniform_boxes(rng, n) for _ in range(b)])
-    results += _nms(f"ONNX NMS {b}x{c}x{n} max50 score.05", boxes,
-                    rng.random((b, c, n), dtype=np.float32), 50, 0.5, 0.05, repeats, 1.0)
+    return results + _nms(f"ONNX NMS {b}x{c}x{n} max50 score.05", boxes,
+                          rng.random((b, c, n), dtype=np.float32), 50, 0.5, 0.05, repeats, 1.0)
 
+
+def compaction_cases(rng, quick: bool, repeats: int) -> list[Result]:
+    big = 1 << 16 if quick else 1 << 24
     mask = rng.random(big) < DENSITY
     dev_mask = jax.device_put(mask)
     tag = f"{big >> 20}M" if big >= 1 << 20 else f"{big >> 10}K"
     x = rng.standard_normal(big).astype(np.float32)
     dev_x = jax.device_put(x)
     cap = 1 << int(np.ceil(np.log2(big * DENSITY * 1.25)))  # a capacity with headroom
+    results = []
     for size in (None, cap):  # None: the max-shape output (64 MB for 16M) is part of the bill
         results += _pair(f"flatnonzero {tag} bool 10% size={size}",
                          lambda b, size=size: (lambda f: lambda: f(dev_mask))(jax.jit(
@@ -88,11 +85,25 @@ def run(quick: bool = False) -> list[Result]:
                          lambda b, size=size: (lambda f: lambda: f(dev_x, dev_mask))(jax.jit(
                              lambda x, m: jaxops.masked_select(x, m, size=size, backend=b))),
                          "numpy x[mask]", lambda: x[mask], 1.0, repeats)
+    return results
 
+
+def unique_cases(rng, quick: bool, repeats: int) -> list[Result]:
     u = rng.standard_normal(1 << (14 if quick else 20)).astype(np.float32)
     dev_u = jax.device_put(u)
-    results += _pair(f"unique {len(u) >> 10}K float32",
-                     lambda b: (lambda f: lambda: f(dev_u))(jax.jit(
-                         lambda v: jaxops.unique(v, backend=b))),
-                     "np.unique", lambda: np.unique(u), 1.0, repeats)
-    return results
+    return _pair(f"unique {len(u) >> 10}K float32",
+                 lambda b: (lambda f: lambda: f(dev_u))(jax.jit(lambda v: jaxops.unique(v, backend=b))),
+                 "np.unique", lambda: np.unique(u), 1.0, repeats)
+
+
+def run(quick: bool = False, cases=(nms_cases, compaction_cases, unique_cases)) -> list[Result]:
+    """Every case of the issue's table (smaller inputs with ``quick``); ``cases`` picks some
+    (``python -c "from benchmarks import native, common; common.report(native.run(cases=[
+    native.unique_cases]), None)"``)."""
+    from jaxops import native as lib
+
+    if not lib.available():
+        print(f"native kernels unavailable ({lib.why_unavailable()}): xla rows only")
+    rng = np.random.default_rng(0)
+    repeats = 5 if quick else 21
+    return [r for case in cases for r in case(rng, quick, repeats)]

@@ -7,6 +7,7 @@ Skipped as a whole, with the reason, where the native library is not built or is
 
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ import pytest
 import jaxops
 from jaxops import native
 from jaxops.backends import explain, use_backend
+from jaxops.core.errors import BackendUnavailableError
 from tests import test_op_matrix as matrix
 
 pytestmark = pytest.mark.skipif(not native.available(),
@@ -237,25 +239,33 @@ UNIQUE_EDGES = np.array([0x80000000, 0x7fc00000, 0, 0xffc00001, 1, 0x80000001, 0
                          0xff800000, 0x7f800001, 1, 0x80000000, 0x3f800000], np.uint32)
 
 
-def _unique_same(x, sizes=(None, 3)):
+def _unique_same(x, sizes=(None, 3), equal_nan=True):
     """Every output (y, indices, inverse, counts) of both backends, sorted or not, at each
     capacity; and, sorted, y alone (the values-only kernel), compared bit for bit (equal as
     values is not enough: -0.0 == 0.0, NaN payloads)."""
-    op = jaxops.get_op("Unique")
+    op = functools.partial(jaxops.get_op("Unique"), equal_nan=equal_nan)
     for size in sizes:
         for sorted_ in (True, False):
             _same(functools.partial(op, size=size, sorted=sorted_), x)
-        y_alone = jax.jit(lambda v, backend, s=size: op(v, size=s, backend=backend)[0].data,
+        y_alone = jax.jit(lambda v, backend, s=size: op(v, size=s, backend=backend)[0],
                           static_argnames="backend")
-        bits = [np.asarray(y_alone(x, b)) for b in ("native", "xla")]
+        assert "jaxops_unique_values" in y_alone.lower(x, "native").as_text()  # one kernel
+        every = jax.jit(lambda v, s=size: op(v, size=s, backend="native")).lower(x).as_text()
+        assert every.count("custom_call @jaxops_unique") == 1, "one kernel for every output"
+        got = [y_alone(x, b) for b in ("native", "xla")]
+        bits = [np.asarray(g.data) for g in got]
         width = f"u{bits[0].dtype.itemsize}"
         np.testing.assert_array_equal(bits[0].view(width), bits[1].view(width))
+        chex.assert_trees_all_equal(*[(g.shape, g.true_shape) for g in got])
 
 
 def test_unique_float_native_equals_xla():
     rng = np.random.default_rng(7)
     edges = UNIQUE_EDGES.view(np.float32)
     _unique_same(edges)
+    op = jaxops.get_op("Unique")
+    _same(functools.partial(op, size=0), edges)  # no room: only the count and the inverse
+    _same(op, np.zeros(0, np.float32))
     _unique_same(edges[::-1].copy())  # +0.0 now before -0.0
     for dt in (np.float16, jnp.bfloat16):  # 16-bit keys: the same order and equality
         with np.errstate(invalid="ignore"):  # the NaN payloads do not survive the cast
@@ -265,6 +275,12 @@ def test_unique_float_native_equals_xla():
     ties[::7] = -0.0
     ties[3::11] = np.nan
     _unique_same(ties, sizes=(None, 10))
+    # keys that differ in one byte only: the radix sort skips the other three digits and
+    # its result ends in the scratch buffer, not in y
+    _unique_same(np.array([1.0, 1.5, 1.25, 1.0, 1.75], np.float32), sizes=(None,))
+    # equal_nan=False: each NaN a value, in order of position; the capacity cuts among them
+    _unique_same(edges, sizes=(None, 9), equal_nan=False)
+    _unique_same(ties[:200], sizes=(None,), equal_nan=False)
     _unique_same(rng.standard_normal(3000).astype(np.float32), sizes=(None,))
 
 
@@ -274,6 +290,11 @@ def test_unique_native_vmap_equals_xla():
         v, size=8, return_index=True, return_inverse=True, return_counts=True, backend=b)))
         for b in ("native", "xla")}
     chex.assert_trees_all_equal(f["native"](x), f["xla"](x))
+    x[1, ::7] = np.nan  # y alone (the values-only kernel, batched), NaNs distinct
+    y = {b: jax.jit(jax.vmap(lambda v, b=b: jaxops.unique(v, size=8, equal_nan=False, backend=b)))
+         for b in ("native", "xla")}
+    assert "jaxops_unique_values" in y["native"].lower(x).as_text()
+    chex.assert_trees_all_equal(y["native"](x), y["xla"](x))
 
 
 def test_native_x64_equals_xla():
@@ -295,6 +316,33 @@ def test_native_x64_equals_xla():
             _same(functools.partial(jaxops.get_op("BatchedNMS"), iou_threshold=0.5,
                                     max_output_size=None, score_threshold=st),
                   boxes, tiny, np.zeros(6, np.int32))
+
+
+F32 = np.array([1.0, np.nan, -0.0, 1.0], np.float32)
+SERVED = [  # (op, inputs, attrs, whether the native kernel serves the call)
+    ("Unique", [F32], {}, True),
+    ("Unique", [F32.astype(np.float16)], {"sorted": False, "size": 0}, True),
+    ("Unique", [np.zeros(0, np.float32)], {}, True),
+    ("Unique", [F32.reshape(2, 2)], {"axis": 0}, False),
+    ("Unique", [F32], {"equal_nan": False}, True),
+    ("Unique", [np.arange(4)], {}, False),
+    ("NonZero", [F32], {}, True),
+    ("MaskedSelect", [F32, F32 > 0], {}, True),
+]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, serves", SERVED, ids=lambda v: repr(v)[:40])
+def test_explain_names_native_exactly_where_its_kernel_runs(op, inputs, attrs, serves):
+    """explain() asks the kernel up front: it names native iff the traced call holds a
+    native FFI call, and a declined call says why (backend="native" raises with it)."""
+    op = jaxops.get_op(op)
+    s = explain(op, inputs=inputs, attrs=attrs)
+    hlo = jax.jit(lambda *a: op(*a, **attrs)).lower(*inputs).as_text()  # lowered, not compiled
+    assert (s.backend == "native") == serves == ("custom_call @jaxops_" in hlo), str(s)
+    if not serves:
+        why = dict(s.passed_over)["native"]
+        with pytest.raises(BackendUnavailableError, match=re.escape(why)):
+            op(*inputs, backend="native", **attrs)
 
 
 def test_disabled_by_env_var_falls_back_to_xla_and_says_why():

@@ -27,6 +27,7 @@ import os
 import jax
 
 from jaxops.core.backend_table import BackendEntry, register_backend
+from jaxops.native import kernels as _kernels
 
 __all__ = ["ENV_VAR", "TARGETS", "available", "library_path", "status", "why_unavailable"]
 
@@ -92,10 +93,8 @@ def why_unavailable() -> str:
     return "" if ok else reason
 
 
-# Tried after ascend (priority 100), before the xla default.
-register_backend(BackendEntry("native", status, auto_priority=50,
-                              auto_reason="its C++ FFI kernel is built"))
-
-from jaxops.native import kernels as _kernels  # noqa: E402  (registers the native kernels)
-
+# Tried after ascend (priority 100), before the xla default; each kernel says which calls
+# it serves (kernels.supports), so explain() names native only where it runs.
+register_backend(BackendEntry("native", status, supports=_kernels.supports, auto_priority=50,
+                              auto_reason="its C++ FFI kernel is built and serves the call"))
 _kernels.register()

@@ -2,8 +2,14 @@
 
 Each ``_forward`` below takes the shapes and dtypes of the operator's ``xla`` kernel output
 (``struct``, from :func:`jax.eval_shape`), so the two backends give the same pytree: max
-shapes, dtypes, fill values and, where the xla kernel keeps one, the true shape. A forward
-returns ``None`` for the inputs it leaves to the xla kernel (an empty output).
+shapes, dtypes, fill values and, where the xla kernel keeps one, the true shape.
+
+Each operator's ``_declines`` says which calls its kernel does not serve, and why (an
+``axis`` it has no code for, a dtype, a size past int32 counts); backend selection asks it
+up front (:func:`supports`), so such calls run on ``xla`` and
+``jaxops.backends.explain(op, inputs=..., attrs=...)`` says so. A forward may still return
+``None`` where there is nothing to compute (no box to keep, an output of no rows): the
+result is all padding, taken from the xla kernel's trace (XLA folds it to constants).
 
 :func:`native_kernel` wraps a forward into an operator kernel:
 
@@ -29,14 +35,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import BackendUnavailableError
 from jaxops.core.float_bits import largest_at_most, np_ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
+from jaxops.native.pruned_call import pruned_ffi_call
 
-__all__ = ["KERNELS", "native_kernel", "register"]
+__all__ = ["KERNELS", "declined", "native_kernel", "register", "supports"]
 
 i32 = jnp.int32
 Forward = Callable[..., Any]
+Declines = Callable[..., "str | None"]
 
 
 def _call(target: str, results: list[tuple[tuple[int, ...], Any]], *args, **attrs):
@@ -55,11 +64,22 @@ def _dynarray(struct: DynArray, data, actual: list, true: list) -> DynArray:
 
 
 # -- stream compaction ----------------------------------------------------------------------
+def _too_many(n: int) -> str | None:
+    return (f"{n} elements: the kernels count in int32 (the xla kernel raises for this)"
+            if n >= 2**31 - 128 else None)
+
+
+def _nonzero_declines(x, *, size, transpose):
+    return _too_many(math.prod(x.shape))
+
+
+def _masked_select_declines(x, mask, *, size):
+    return _too_many(math.prod(jnp.broadcast_shapes(x.shape, mask.shape)))
+
+
 def _nonzero(mode, struct, x, *, size, transpose):
     shape = x.shape or (1,)
     n, rank = math.prod(shape), len(shape)
-    if n >= 2**31 - 128:  # int32 positions: the xla kernel raises for these
-        return None
     capacity = n if size is None else size
     data, count = _call("jaxops_nonzero", [(struct[0].data.shape, struct[0].data.dtype), ((), i32)],
                         jnp.reshape(x, shape), rank=rank, capacity=capacity,
@@ -72,8 +92,6 @@ def _nonzero(mode, struct, x, *, size, transpose):
 
 def _masked_select(mode, struct, x, mask, *, size):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
-    if math.prod(shape) >= 2**31 - 128:
-        return None
     capacity = struct[0].data.shape[0]
     flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in (x, mask)]
     y, count = _call("jaxops_masked_select", [((capacity,), x.dtype), ((), i32)], *flat,
@@ -101,7 +119,7 @@ def _onnx_nms(mode, struct, boxes, scores, *, max_output_boxes_per_class, iou_th
               score_threshold, center_point_box, size):
     rows = struct[0].data.shape[0]
     if rows == 0 or min(boxes.shape[1], max_output_boxes_per_class) * scores.shape[1] == 0:
-        return None
+        return None  # nothing to compute (see the module docstring)
     boxes, scores = _nms_float(boxes, scores)
     out, total = _call("jaxops_onnx_nms", [((rows, 3), struct[0].data.dtype), ((), i32)],
                        boxes, scores, limit=min(boxes.shape[1], max_output_boxes_per_class),
@@ -115,7 +133,7 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
                  score_threshold):
     limit = struct[0].data.shape[0]
     if limit == 0:
-        return None
+        return None  # nothing to compute (see the module docstring)
     boxes, scores = _nms_float(boxes, scores)
     # torchvision compares its float IoU with a double threshold (see suppression.py).
     iou_threshold = largest_at_most(float(iou_threshold), scores.dtype)
@@ -126,35 +144,71 @@ def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output
 
 
 # -- unique ---------------------------------------------------------------------------------
-def _unique(mode, struct, x, *, size, sorted, axis, equal_nan=True):
-    """Float arrays, axis None, NaNs as one value (the xla kernel's sort path); the rest
-    (``equal_nan=False`` included) stays on xla."""
+def _unique_declines(x, *, size, sorted, axis, equal_nan):
+    """Float arrays, axis None (the xla kernel's sort path)."""
+    if axis is not None:
+        return "its Unique kernel flattens x (axis None); unique slices run on xla"
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return f"its Unique kernel takes floats; {np.dtype(x.dtype).name} runs on xla"
+    return _too_many(math.prod(x.shape))
+
+
+def _unique(mode, struct, x, *, size, sorted, axis, equal_nan):
+    """One kernel: the full one (values and index outputs), or, sorted and with the index
+    outputs unused inside jit, the values-only one (see :mod:`jaxops.native.pruned_call`)."""
     n, cap = x.size, struct[0].data.shape[0]
-    if not equal_nan or axis is not None or not jnp.issubdtype(x.dtype, jnp.floating) \
-            or n == 0 or cap == 0 or n >= 2**31:
-        return None
     idx = struct[1].data.dtype
-    y, first, inverse, counts, total = _call(
+    values_only = [("jaxops_unique_values", (0, 4), (("equal_nan", bool(equal_nan)),))]
+    y, first, inverse, counts, total = pruned_ffi_call(
         "jaxops_unique", [((cap,), x.dtype), ((cap,), idx), ((n,), idx), ((cap,), idx), ((), i32)],
-        x.reshape(-1), sorted=bool(sorted))
+        x.reshape(-1), variants=values_only if sorted else (), sorted=bool(sorted),
+        equal_nan=bool(equal_nan))
     found = [jnp.minimum(total, cap)]
-    y = _dynarray(struct[0], y, found, [total])
-    if sorted:  # y from the values-only kernel: where y alone is used, XLA drops the other
-        values, n_values = _call("jaxops_unique_values", [((cap,), x.dtype), ((), i32)],
-                                 x.reshape(-1))
-        y = _dynarray(struct[0], values, [jnp.minimum(n_values, cap)], [n_values])
-    return (y, _dynarray(struct[1], first, found, [total]), inverse,
-            _dynarray(struct[3], counts, found, [total]))
+    return (_dynarray(struct[0], y, found, [total]), _dynarray(struct[1], first, found, [total]),
+            inverse, _dynarray(struct[3], counts, found, [total]))
 
 
-#: operator name -> forward(mode, xla output struct, *inputs, **attrs)
-KERNELS: dict[str, Forward] = {
-    "NonZero": _nonzero,
-    "MaskedSelect": _masked_select,
-    "NonMaxSuppression": _onnx_nms,
-    "BatchedNMS": _batched_nms,
-    "Unique": _unique,
+def _serves_all(*inputs, **attrs) -> None:
+    return None
+
+
+#: operator name -> (forward(mode, xla output struct, *inputs, **attrs),
+#: declines(*input shape/dtype structs, **attrs) -> why it does not serve the call, or None)
+KERNELS: dict[str, tuple[Forward, Declines]] = {
+    "NonZero": (_nonzero, _nonzero_declines),
+    "MaskedSelect": (_masked_select, _masked_select_declines),
+    "NonMaxSuppression": (_onnx_nms, _serves_all),
+    "BatchedNMS": (_batched_nms, _serves_all),
+    "Unique": (_unique, _unique_declines),
 }
+
+
+def _struct(x) -> jax.ShapeDtypeStruct | None:
+    if x is None:
+        return None
+    dtype = getattr(x, "dtype", None)
+    return jax.ShapeDtypeStruct(np.shape(x), dtype if dtype is not None else np.asarray(x).dtype)
+
+
+def declined(op: OpDef, inputs, attrs) -> str | None:
+    """Why the native kernel of ``op`` does not serve this call (``None``: it does)."""
+    attrs = {a.name: a.default for a in op.attrs if a.name not in attrs} | dict(attrs)
+    return KERNELS[op.name][1](*map(_struct, inputs), **attrs)
+
+
+def supports(op, inputs=None, attrs=None) -> tuple[bool, str]:
+    """The native backend's answer to backend selection (a ``BackendEntry.supports``):
+    whether it serves this call of ``op`` (an op it has a kernel for). Without the inputs
+    the answer is the kernel's existence; with them, its ``_declines`` decides.
+
+    >>> import numpy as np, jaxops
+    >>> supports(jaxops.get_op("Unique"), [np.zeros((2, 3), np.float32)], {"axis": 0})
+    (False, 'its Unique kernel flattens x (axis None); unique slices run on xla')
+    """
+    if inputs is None:
+        return True, "C++ kernel registered"
+    why = declined(op, inputs, attrs or {})
+    return (False, why) if why else (True, "C++ kernel")
 
 
 # -- the kernel wrapper ---------------------------------------------------------------------
@@ -175,6 +229,10 @@ def native_kernel(op: OpDef, forward: Forward) -> KernelFn:
 
 def _native_kernel(op: OpDef, forward: Forward, mode: OpImplMode | None) -> KernelFn:
     def kernel(*inputs, **attrs):
+        why = declined(op, inputs, attrs)
+        if why:  # selection asks first (supports); this is a direct call of the kernel
+            raise BackendUnavailableError(f"{op.name}: the native kernel does not serve this "
+                                          f"call: {why}")
         chosen = op.select_mode(mode)
         xla = op.get_kernel("xla", chosen)
         leaves, in_tree = jax.tree_util.tree_flatten(list(inputs))
@@ -205,6 +263,6 @@ def _native_kernel(op: OpDef, forward: Forward, mode: OpImplMode | None) -> Kern
 def register() -> None:
     """Registers the native kernel of each operator in :data:`KERNELS` by name (through
     :func:`~jaxops.core.registry.on_op`: a misspelt name fails ``import jaxops``)."""
-    for name, forward in KERNELS.items():
+    for name, (forward, _) in KERNELS.items():
         on_op(name, lambda op, forward=forward: op.kernel("native")(native_kernel(op, forward)),
               "native kernel")

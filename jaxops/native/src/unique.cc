@@ -1,19 +1,22 @@
 // Unique of a float array (the sort path of jaxops/ops/unique.py, axis None), decided as
 // its xla kernel decides it:
 //
-// - equality and order on ordered_bits (float_bits.ordered_bits): -0.0 == +0.0, every NaN
-//   one value after +inf, a subnormal the value it is (whatever the float mode);
+// - equality and order on ordered_bits (float_bits.ordered_bits): -0.0 == +0.0, NaNs after
+//   +inf, a subnormal the value it is (whatever the float mode);
+// - equal_nan: every NaN is one value; otherwise each NaN is a value of its own, the NaNs in
+//   order of position (the stable sort keeps them so);
 // - each unique value is returned as it appears at its first occurrence (bits copied);
 // - sorted: ascending keys; else the order of first occurrence;
 // - outputs cut to the capacity: y (padding 0), first indices (padding -1), counts (padding
 //   0), the inverse (unique id of every element, -1 where the id is cut) and the count.
 //
-// The keys and their positions are sorted by an LSD radix sort, which is stable: within a
-// group of equal keys the positions stay ascending, so its first entry is the first
-// occurrence.
+// The keys (and, for the index outputs, their positions) are sorted by an LSD radix sort,
+// which is stable: within a group of equal keys the positions stay ascending, so its first
+// entry is the first occurrence.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -35,28 +38,45 @@ inline U key_of(const Pair<U>& p) { return p.key; }
 
 constexpr int kDigitBits = 8, kBuckets = 1 << kDigitBits;
 
-// Counts the digits of key k into the histograms of radix_sort.
-template <typename U>
-inline void count_digits(U k, uint32_t* count) {
-  for (size_t d = 0; d < sizeof(U); ++d) ++count[d * kBuckets + ((k >> (d * kDigitBits)) & (kBuckets - 1))];
+template <typename T>
+inline uint32_t digit(const T& item, int shift) {
+  return static_cast<uint32_t>(key_of(item) >> shift) & (kBuckets - 1);
 }
 
-// Sorts keys or pairs by key (LSD radix, stable), 8-bit digits (measured faster here than
-// 11-bit ones: fewer output streams), skipping digits every key shares. `count`: the
-// histograms of count_digits over every element (filled while the keys were made).
+// One stable pass of the LSD sort: a -> t by the digit at `shift`; false (and nothing
+// written) when one bucket holds every item. The input is read as two halves at once, each
+// with its own bucket offsets (the second half's after the first's in every bucket, so the
+// order stays stable): two independent chains of offset updates, measured 1.6x faster per
+// pass than one on a million keys. 8-bit digits: fewer output streams than 11-bit ones,
+// measured faster here despite the extra pass.
 template <typename T>
-void radix_sort(std::vector<T>& a, std::vector<T>& tmp, std::vector<uint32_t>& count) {
-  using U = decltype(key_of(a[0]));
-  const size_t n = a.size();
-  tmp.resize(n);
-  for (size_t d = 0; d < sizeof(U); ++d) {
-    uint32_t* c = count.data() + d * kBuckets;
-    if (*std::max_element(c, c + kBuckets) == n) continue;  // one bucket: nothing moves
-    uint32_t sum = 0;
-    for (int b = 0; b < kBuckets; ++b) sum += std::exchange(c[b], sum);  // bucket starts
-    for (const auto& p : a) tmp[c[(key_of(p) >> (d * kDigitBits)) & (kBuckets - 1)]++] = p;
-    a.swap(tmp);
+bool scatter_pass(const T* a, T* t, size_t n, int shift) {
+  uint32_t lo[kBuckets] = {}, hi[kBuckets] = {};
+  const size_t h = n / 2;
+  for (size_t i = 0; i < h; ++i) ++lo[digit(a[i], shift)], ++hi[digit(a[h + i], shift)];
+  if (n % 2) ++hi[digit(a[n - 1], shift)];
+  uint32_t sum = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    if (lo[b] + hi[b] == n) return false;
+    const uint32_t in_lo = lo[b];
+    lo[b] = sum, sum += in_lo;
+    sum += std::exchange(hi[b], sum);
   }
+  for (size_t i = 0; i < h; ++i) {
+    const T p = a[i], q = a[h + i];
+    t[lo[digit(p, shift)]++] = p;
+    t[hi[digit(q, shift)]++] = q;
+  }
+  if (n % 2) t[hi[digit(a[n - 1], shift)]] = a[n - 1];
+  return true;
+}
+
+// Sorts the n items of a by key (stable), t as scratch; returns the buffer holding them.
+template <typename T>
+T* radix_sort(T* a, T* t, size_t n) {
+  for (size_t shift = 0; shift < 8 * sizeof(key_of(a[0])); shift += kDigitBits)
+    if (scatter_pass(a, t, n, static_cast<int>(shift))) std::swap(a, t);
+  return a;
 }
 
 // The value of an ordered_bits key, for keys of one value only (not zero, not NaN).
@@ -70,60 +90,64 @@ struct Placed {
   uint32_t position, value;
 };
 
-// out[p.position] = p.value for every item, the items first bucketed by position (blocks of
-// 4096) so that the writes of each bucket stay in a few cache lines' neighbourhood: a plain
-// scatter of a million positions misses the cache on nearly every write.
+// out[p.position] = value(p.value) for every item, the items first bucketed by position
+// (blocks of 4096) so that the writes of each bucket stay in a few cache lines'
+// neighbourhood: a plain scatter of a million positions misses the cache on nearly every
+// write.
 template <typename Idx, typename Fn>
-void write_by_position(const std::vector<Placed>& items, int64_t n, Idx* out, Fn value) {
+void write_by_position(const Placed* items, size_t count, int64_t n, Idx* out, Fn value) {
   constexpr int kShift = 12;
   const size_t buckets = static_cast<size_t>(n >> kShift) + 1;
   std::vector<uint32_t> start(buckets + 1, 0);
-  for (const auto& p : items) ++start[(p.position >> kShift) + 1];
+  for (size_t k = 0; k < count; ++k) ++start[(items[k].position >> kShift) + 1];
   for (size_t b = 0; b < buckets; ++b) start[b + 1] += start[b];
-  std::vector<Placed> bucketed(items.size());
-  for (const auto& p : items) bucketed[start[p.position >> kShift]++] = p;
-  for (const auto& p : bucketed) out[p.position] = value(p.value);
+  Scratch<Placed> bucketed(count);
+  for (size_t k = 0; k < count; ++k) bucketed.get()[start[items[k].position >> kShift]++] = items[k];
+  for (size_t k = 0; k < count; ++k) out[bucketed.get()[k].position] = value(bucketed.get()[k].value);
 }
 
+template <typename U>
+struct Keys {
+  U inf, zero = ordered_bits_of<U>(U{0}, inf), nan = static_cast<U>(~U{0});
+  U operator()(U bits) const { return ordered_bits_of<U>(bits, inf); }
+};
+
 template <typename U, typename Idx>
-void unique_impl(const U* x, int64_t n, U inf, bool sorted, int64_t cap, U* y, Idx* first_out,
-                 Idx* inverse, Idx* counts_out, int32_t* total) {
-  std::vector<Pair<U>> pairs(n), tmp;
-  std::vector<uint32_t> histograms(sizeof(U) * kBuckets, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    pairs[i] = {ordered_bits_of<U>(x[i], inf), static_cast<uint32_t>(i)};
-    count_digits(pairs[i].key, histograms.data());
-  }
-  radix_sort(pairs, tmp, histograms);
-  std::vector<uint32_t> first, count;  // per sorted group
+void unique_impl(const U* x, int64_t n, Keys<U> keys, bool equal_nan, bool sorted, int64_t cap,
+                 U* y, Idx* first_out, Idx* inverse, Idx* counts_out, int32_t* total) {
+  Scratch<Pair<U>> pairs_a(n), pairs_t(n);
+  for (int64_t i = 0; i < n; ++i) pairs_a.get()[i] = {keys(x[i]), static_cast<uint32_t>(i)};
+  const Pair<U>* pairs = radix_sort(pairs_a.get(), pairs_t.get(), n);
+  // per sorted group: first position, count, key; a NaN key starts a group of its own
+  // unless equal_nan
+  std::vector<uint32_t> first, count;
   std::vector<U> key;
-  std::vector<Placed> group(n);        // (position, sorted group) of every element
+  Scratch<Placed> group(n);  // (position, sorted group) of every element
   for (int64_t j = 0; j < n; ++j) {
-    if (j == 0 || pairs[j].key != pairs[j - 1].key)
-      first.push_back(pairs[j].index), count.push_back(0), key.push_back(pairs[j].key);
+    const U k = pairs[j].key;
+    if (j == 0 || k != pairs[j - 1].key || (k == keys.nan && !equal_nan))
+      first.push_back(pairs[j].index), count.push_back(0), key.push_back(k);
     ++count.back();
-    group[j] = {pairs[j].index, static_cast<uint32_t>(first.size() - 1)};
+    group.get()[j] = {pairs[j].index, static_cast<uint32_t>(first.size() - 1)};
   }
-  std::vector<Pair<U>>().swap(pairs);
   const int64_t m = static_cast<int64_t>(first.size());
   // rank r of the output -> sorted group; for the first-occurrence order, the groups by
   // ascending first position (a scan of the positions finds them in that order).
   std::vector<uint32_t> at_rank, rank;
   if (!sorted) {
-    std::vector<uint32_t> group_at(n);
-    write_by_position(group, n, group_at.data(), [](uint32_t g) { return g; });
+    Scratch<uint32_t> group_at(n);
+    write_by_position(group.get(), n, n, group_at.get(), [](uint32_t g) { return g; });
     rank.resize(m);
     at_rank.reserve(m);
     for (int64_t i = 0; i < n; ++i) {
-      const uint32_t g = group_at[i];
+      const uint32_t g = group_at.get()[i];
       if (first[g] == static_cast<uint32_t>(i)) rank[g] = static_cast<uint32_t>(at_rank.size()), at_rank.push_back(g);
     }
   }
-  write_by_position(group, n, inverse, [&](uint32_t g) {
+  write_by_position(group.get(), n, n, inverse, [&](uint32_t g) {
     const int64_t r = sorted ? g : rank[g];
     return r < cap ? Idx(r) : Idx(-1);
   });
-  const U zero_key = ordered_bits_of<U>(U{0}, inf), nan_key = ~U{0};
   for (int64_t r = 0; r < cap; ++r) {
     if (r >= m) {
       y[r] = U{0}, first_out[r] = Idx(-1), counts_out[r] = Idx(0);
@@ -131,34 +155,47 @@ void unique_impl(const U* x, int64_t n, U inf, bool sorted, int64_t cap, U* y, I
     }
     const uint32_t g = sorted ? static_cast<uint32_t>(r) : at_rank[r];
     // zero and NaN keys stand for several values: those are read at the first occurrence
-    y[r] = key[g] == zero_key || key[g] == nan_key ? x[first[g]] : value_of<U>(key[g]);
+    y[r] = key[g] == keys.zero || key[g] == keys.nan ? x[first[g]] : value_of<U>(key[g]);
     first_out[r] = Idx(first[g]), counts_out[r] = Idx(count[g]);
   }
   *total = static_cast<int32_t>(m);
 }
 
-// The sorted unique values alone (y of a sorted Unique; XLA drops the index kernel when a
-// caller uses y only): keys without positions sort twice as fast. Zero and NaN keys stand
-// for several values; theirs are read at their first occurrence.
+// The sorted unique values alone (y of a sorted Unique whose index outputs are unused):
+// keys without positions sort twice as fast. Zero and NaN keys stand for several values:
+// the zero and an equal_nan NaN are read at their first occurrence, and without equal_nan
+// the NaNs (each a value, in order of position) are read off x in order.
 template <typename U>
-void unique_values(const U* x, int64_t n, U inf, int64_t cap, U* y, int32_t* total) {
-  std::vector<U> keys(n), tmp;
-  std::vector<uint32_t> histograms(sizeof(U) * kBuckets, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    keys[i] = ordered_bits_of<U>(x[i], inf);
-    count_digits(keys[i], histograms.data());
-  }
-  radix_sort(keys, tmp, histograms);
-  const U zero_key = ordered_bits_of<U>(U{0}, inf), nan_key = ~U{0};
+void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t cap, U* y,
+                   int32_t* total) {
+  // The keys sort in y where it has room for them (one scratch buffer less to fault in);
+  // the values then overwrite the sorted keys in place (the m-th value goes to y[m],
+  // m <= j, after key j is read).
+  Scratch<U> t(n), own(cap >= n ? 0 : n);
+  U* a = cap >= n ? y : own.get();
+  for (int64_t i = 0; i < n; ++i) a[i] = keys(x[i]);
+  const U* sorted = radix_sort(a, t.get(), n);
   const auto first_value = [&](U key) {
-    for (int64_t i = 0;; ++i) if (ordered_bits_of<U>(x[i], inf) == key) return x[i];
+    for (int64_t i = 0;; ++i) if (keys(x[i]) == key) return x[i];
   };
-  int64_t m = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    if (j > 0 && keys[j] == keys[j - 1]) continue;
-    if (m < cap) y[m] = keys[j] == zero_key || keys[j] == nan_key ? first_value(keys[j])
-                                                                  : value_of<U>(keys[j]);
+  int64_t m = 0, j = 0;
+  for (U previous{}; j < n; ++j) {
+    const U key = sorted[j];
+    if (key == keys.nan) break;
+    if (j > 0 && key == previous) continue;
+    previous = key;
+    if (m < cap) y[m] = key == keys.zero ? first_value(keys.zero) : value_of<U>(key);
     ++m;
+  }
+  if (j < n && equal_nan) {
+    if (m < cap) y[m] = first_value(keys.nan);
+    ++m;
+  } else if (j < n) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (keys(x[i]) != keys.nan) continue;
+      if (m < cap) y[m] = x[i];
+      ++m;
+    }
   }
   for (int64_t r = m; r < cap; ++r) y[r] = U{0};
   *total = static_cast<int32_t>(m);
@@ -176,24 +213,39 @@ ffi::Error with_float_bits(ffi::DataType t, Fn fn) {
   }
 }
 
+// Runs fn, turning a failed allocation into an error (no exception crosses the FFI).
+template <typename Fn>
+ffi::Error guarded(Fn fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jaxops native: Unique: out of memory");
+  }
+}
+
 ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                        ffi::Result<ffi::Buffer<ffi::S32>> total) {
+                        ffi::Result<ffi::Buffer<ffi::S32>> total, bool equal_nan) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() == 0 || yd.size() == 0 || y->element_type() != x.element_type())
     return bad("Unique: x and y must be [..., n] and [..., capacity] of one dtype");
   const int64_t n = xd.back(), cap = yd.back(), batch = total->element_count();
+  if (n >= (int64_t{1} << 31)) return bad("Unique: more than 2**31 elements");
+  advise_huge_pages(y->untyped_data(), y->size_bytes());
   return with_float_bits(x.element_type(), [&](auto utag, auto inf) {
     using U = decltype(utag);
-    for (int64_t b = 0; b < batch; ++b)
-      unique_values<U>(static_cast<const U*>(x.untyped_data()) + b * n, n, inf, cap,
-                       static_cast<U*>(y->untyped_data()) + b * cap, total->typed_data() + b);
-    return ffi::Error::Success();
+    return guarded([&] {
+      for (int64_t b = 0; b < batch; ++b)
+        unique_values<U>(static_cast<const U*>(x.untyped_data()) + b * n, n, Keys<U>{inf},
+                         equal_nan, cap, static_cast<U*>(y->untyped_data()) + b * cap,
+                         total->typed_data() + b);
+      return ffi::Error::Success();
+    });
   });
 }
 
 ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> first,
                   ffi::Result<ffi::AnyBuffer> inverse, ffi::Result<ffi::AnyBuffer> counts,
-                  ffi::Result<ffi::Buffer<ffi::S32>> total, bool sorted) {
+                  ffi::Result<ffi::Buffer<ffi::S32>> total, bool sorted, bool equal_nan) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() == 0 || yd.size() == 0 || y->element_type() != x.element_type())
     return bad("Unique: x and y must be [..., n] and [..., capacity] of one dtype");
@@ -202,6 +254,8 @@ ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<f
   if (first->element_type() != inverse->element_type() ||
       first->element_type() != counts->element_type())
     return bad("Unique: the index outputs must share one dtype");
+  for (auto* out : {&y, &first, &inverse, &counts})
+    advise_huge_pages((*out)->untyped_data(), (*out)->size_bytes());
   auto run = [&](auto utag, auto itag, auto inf) -> ffi::Error {
     using U = decltype(utag);
     using Idx = decltype(itag);
@@ -210,10 +264,13 @@ ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<f
     Idx* f = static_cast<Idx*>(first->untyped_data());
     Idx* v = static_cast<Idx*>(inverse->untyped_data());
     Idx* c = static_cast<Idx*>(counts->untyped_data());
-    for (int64_t b = 0; b < batch; ++b)
-      unique_impl<U, Idx>(xs + b * n, n, static_cast<U>(inf), sorted, cap, ys + b * cap,
-                          f + b * cap, v + b * n, c + b * cap, total->typed_data() + b);
-    return ffi::Error::Success();
+    return guarded([&] {
+      for (int64_t b = 0; b < batch; ++b)
+        unique_impl<U, Idx>(xs + b * n, n, Keys<U>{static_cast<U>(inf)}, equal_nan, sorted, cap,
+                            ys + b * cap, f + b * cap, v + b * n, c + b * cap,
+                            total->typed_data() + b);
+      return ffi::Error::Success();
+    });
   };
   auto with_idx = [&](auto utag, auto inf) -> ffi::Error {
     if (first->element_type() == ffi::DataType::S32) return run(utag, int32_t{}, inf);
@@ -234,10 +291,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsUnique, jaxops::Unique,
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Attr<bool>("sorted"));
+                                  .Attr<bool>("sorted")
+                                  .Attr<bool>("equal_nan"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsUniqueValues, jaxops::UniqueValues,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>());
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Attr<bool>("equal_nan"));
