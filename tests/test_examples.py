@@ -47,3 +47,22 @@ def test_sharded_embedding():
     out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
     assert out["last_loss"] < out["first_loss"]
     assert out["same_after_reshard"] and out["live"] > 0
+
+
+def test_click_model(tmp_path):
+    module = load("click_model")
+    rng = np.random.default_rng(0)  # the rank AUC against counting every (positive, negative) pair
+    y, scores = rng.random(300) < 0.3, rng.integers(0, 20, 300).astype(float)  # many ties
+    diff = scores[y][:, None] - scores[~y][None, :]
+    assert module.auc(y, scores) == pytest.approx(np.mean((diff > 0) + 0.5 * (diff == 0)))
+
+    path = str(tmp_path / "loss.png")
+    out = module.main(quick=True, plot_path=path, verbose=False)
+    hashed, dense = out["results"]
+    assert hashed["traces"] == dense["traces"] == 1      # one compile each for all the steps
+    assert hashed["lost_ids"] == 0 and hashed["live"] == out["distinct_train_ids"]
+    row = 2 * 4 * module.QUICK.dim                      # a dense row: values + Adagrad sums
+    assert hashed["memory_bytes"] - row < dense["memory_bytes"] <= hashed["memory_bytes"]
+    for r in (hashed, dense):                            # both learn something in 40 steps
+        assert r["logloss"] < out["constant_logloss"] - 0.01 and r["auc"] > 0.65
+    assert out["plot"] is None or os.path.getsize(path) > 1000
