@@ -283,7 +283,7 @@ def train(model: Model, train_data: dict, eval_data: dict, seed: int = 0) -> dic
                                            device_batch(eval_data, 0, sizes.eval_chunk),
                                            donate=False)
     eval_every = max(sizes.steps // sizes.evals, 1)
-    metrics, curve, train_s, lost = [], [], 0.0, 0
+    metrics, curve, train_s = [], [], 0.0
     for s in range(sizes.steps):
         t0 = time.perf_counter()
         state, m = step(state, device_batch(train_data, s * sizes.batch, (s + 1) * sizes.batch))

@@ -3,8 +3,14 @@
 import importlib.util
 import os
 
+import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jaxops.hashtable as ht
+from jaxops.embedding import Lookup
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
 
@@ -66,3 +72,27 @@ def test_click_model(tmp_path):
     for r in (hashed, dense):                            # both learn something in 40 steps
         assert r["logloss"] < out["constant_logloss"] - 0.01 and r["auc"] > 0.65
     assert out["plot"] is None or os.path.getsize(path) > 1000
+
+
+def test_click_model_dense_baseline_takes_the_hash_models_adagrad_steps():
+    module = load("click_model")
+    table = ht.init_table(64, 4, initializer_mode="constant", constant_value=0.5)
+    slots = jnp.array([3, 9, 3, 20], jnp.int32)  # the optimizer reads slots only, not keys
+    opt = ht.optim.adagrad(0.2, initial_accumulator_value=1e-3)
+    dense = module.HashedDenseEmbeddings(64, 4, 0.2, 1e-3)
+    hashed = (table, opt.init(table))
+    state = (table.values, jax.tree.map(jnp.array, dense.tx.init(table.values)))
+    looked = Lookup({}, {"user": slots}, {"user": None}, {})
+    update = jax.jit(lambda state, g: dense.apply_gradients(state, looked, g))  # one compile
+    for k in range(2):  # twice: the second step reads the accumulators the first wrote
+        grads = jnp.arange(16.0).reshape(4, 4) / (10 + k)   # key 3 twice: summed
+        hashed = opt.update(*hashed, slots, grads)
+        state = update(state, {"user": grads})
+    chex.assert_trees_all_close(state[0], hashed[0].values, rtol=1e-6)
+
+
+def test_click_model_plot_without_matplotlib_says_so(monkeypatch, capsys, tmp_path):
+    module = load("click_model")
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import fails
+    assert module.plot([], 0.4, str(tmp_path / "x.png")) is None
+    assert "no matplotlib" in capsys.readouterr().out and not (tmp_path / "x.png").exists()
