@@ -273,7 +273,7 @@ def _compiled(fn: Callable, *args: Any, donate: bool) -> tuple[Any, float]:
 def train(model: Model, train_data: dict, eval_data: dict, seed: int = 0) -> dict[str, Any]:
     """Trains ``model`` over ``train_data`` in order; evaluates at ``sizes.evals`` points."""
     sizes = model.sizes
-    state = model.init(jax.random.key(seed))
+    state = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per eager op
     memory = _nbytes(state[0])  # the embedding store: tables + row-optimizer state
     first = device_batch(train_data, 0, sizes.batch)
     # The step donates its whole state (tables, row-optimizer state, head, Adam state):

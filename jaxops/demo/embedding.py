@@ -90,7 +90,7 @@ def run(steps: int = 300, epochs: int = 5, bucket_size: int = 16384, verbose: bo
         seed: int = 0) -> dict:
     coll = collection(bucket_size)
     train_step = make_train_step(bucket_size)
-    state = coll.init(jax.random.key(seed))
+    state = jax.jit(coll.init)(jax.random.key(seed))  # one compile, not one per eager op
     per_epoch = max(steps // epochs, 1)
     losses, exported_total, epoch_losses, seen = [], 0, [], {f: set() for f in FEATURES}
     for step, (users, items, labels) in enumerate(synthetic_clicks(steps, seed=seed)):
