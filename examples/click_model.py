@@ -50,7 +50,8 @@ POOLING = "mean"
 
 
 class Sizes(NamedTuple):
-    """One run's sizes (``FULL``: a few minutes on 2 CPU cores; ``QUICK``: seconds)."""
+    """One run's sizes (``FULL``: about 3 minutes on 2 CPU cores; ``QUICK``: about 20 s of
+    CPU, most of it compiling)."""
 
     vocab: int            # distinct ids per feature
     steps: int
@@ -401,7 +402,7 @@ def _report(out: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (~20 s of CPU)")
     parser.add_argument("--plot", metavar="PATH", help="write the loss curves (PNG) here")
     args = parser.parse_args()
     main(quick=args.quick, plot_path=args.plot)
