@@ -63,8 +63,8 @@ def _bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 @functools.lru_cache(maxsize=4)  # one compile per table size in a process (tests, re-runs)
 def make_train_step(bucket_size: int = 16384):
-    """The jitted step for :func:`collection` at ``bucket_size``: lookup (inserting new ids) → dot product → gradient
-    w.r.t. the looked-up rows → the row optimizer on their slots."""
+    """The jitted step for :func:`collection` at ``bucket_size``: lookup (inserting new
+    ids) → dot product → gradient w.r.t. the looked-up rows → the row optimizer by slot."""
     coll = collection(bucket_size)
 
     # The state (tables and AdamW moments) is donated: the step then updates it in place.
