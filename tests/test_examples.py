@@ -3,8 +3,14 @@
 import importlib.util
 import os
 
+import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jaxops.hashtable as ht
+from jaxops.embedding import Lookup
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
 
@@ -47,3 +53,46 @@ def test_sharded_embedding():
     out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
     assert out["last_loss"] < out["first_loss"]
     assert out["same_after_reshard"] and out["live"] > 0
+
+
+def test_click_model(tmp_path):
+    module = load("click_model")
+    rng = np.random.default_rng(0)  # the rank AUC against counting every (positive, negative) pair
+    y, scores = rng.random(300) < 0.3, rng.integers(0, 20, 300).astype(float)  # many ties
+    diff = scores[y][:, None] - scores[~y][None, :]
+    assert module.auc(y, scores) == pytest.approx(np.mean((diff > 0) + 0.5 * (diff == 0)))
+
+    path = str(tmp_path / "loss.png")
+    out = module.main(quick=True, plot_path=path, verbose=False)
+    hashed, dense = out["results"]
+    assert hashed["traces"] == dense["traces"] == 1      # one compile each for all the steps
+    assert hashed["lost_ids"] == 0 and hashed["live"] == out["distinct_train_ids"]
+    row = 2 * 4 * module.QUICK.dim                      # a dense row: values + Adagrad sums
+    assert hashed["memory_bytes"] - row < dense["memory_bytes"] <= hashed["memory_bytes"]
+    for r in (hashed, dense):                            # both learn something in 40 steps
+        assert r["logloss"] < out["constant_logloss"] - 0.01 and r["auc"] > 0.65
+    assert out["plot"] is None or os.path.getsize(path) > 1000
+
+
+def test_click_model_dense_baseline_takes_the_hash_models_adagrad_steps():
+    module = load("click_model")
+    table = ht.init_table(64, 4, initializer_mode="constant", constant_value=0.5)
+    slots = jnp.array([3, 9, 3, 20], jnp.int32)  # the optimizer reads slots only, not keys
+    opt = ht.optim.adagrad(0.2, initial_accumulator_value=1e-3)
+    dense = module.HashedDenseEmbeddings(64, 4, 0.2, 1e-3)
+    hashed = (table, opt.init(table))
+    state = (table.values, jax.tree.map(jnp.array, dense.tx.init(table.values)))
+    looked = Lookup({}, {"user": slots}, {"user": None}, {})
+    update = jax.jit(lambda state, g: dense.apply_gradients(state, looked, g))  # one compile
+    for k in range(2):  # twice: the second step reads the accumulators the first wrote
+        grads = jnp.arange(16.0).reshape(4, 4) / (10 + k)   # key 3 twice: summed
+        hashed = opt.update(*hashed, slots, grads)
+        state = update(state, {"user": grads})
+    chex.assert_trees_all_close(state[0], hashed[0].values, rtol=1e-6)
+
+
+def test_click_model_plot_without_matplotlib_says_so(monkeypatch, capsys, tmp_path):
+    module = load("click_model")
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import fails
+    assert module.plot([], 0.4, str(tmp_path / "x.png")) is None
+    assert "no matplotlib" in capsys.readouterr().out and not (tmp_path / "x.png").exists()

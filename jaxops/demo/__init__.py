@@ -2,7 +2,8 @@
 
 1. a jitted detection post-processing pipeline over a batch of images
    (:mod:`jaxops.demo.detection`);
-2. a hash-embedding click model trained with in-table AdamW
+2. a hash-embedding click model: users and items on one hash table (an
+   ``EmbeddingCollection`` with feature-salted keys), rows trained by AdamW by slot
    (:mod:`jaxops.demo.embedding`);
 3. a short summary table.
 """
@@ -23,7 +24,10 @@ def main() -> int:
     print("== 1. Detection post-processing: decode → score filter → NonMaxSuppression → refresh ==")
     det = detection.run(images=8, verbose=True)
     print()
-    print("== 2. Hash-embedding click model with in-table AdamW ==")
+    print("== 2. Hash-embedding click model: EmbeddingCollection, row AdamW by slot ==")
+    print("  user and item ids (random 64-bit, no vocabulary) share one hash table; a click's "
+          "logit is user row · item row; each jitted step (table and optimizer state donated) "
+          "inserts new ids, and trains the looked-up rows")
     emb = embedding.run(steps=300, verbose=True)
     print()
     print("== 3. Summary ==")

@@ -4,7 +4,9 @@ Every form of ragged input becomes the same flat record: the ids ``[N]`` (64-bit
 ``Words64`` so that x64 may be off), the bag of each id (``segment``, int32 ``[N]``;
 ``num_bags`` marks padding) and optional per-id weights. ``num_bags`` is static (it is the
 leading size of the pooled output); everything else may be traced, so bags are built
-inside ``jax.jit`` as well.
+inside ``jax.jit`` as well. There, pass 64-bit ids as ``Words64`` (``ht.as_words`` on the
+host): with x64 off, JAX narrows an int64 argument of a jitted function to int32 at the
+call, silently, before any code here can see the lost high bits.
 
 >>> import numpy as np
 >>> b = Bags.from_lengths(np.array([7, 8, 9, 0], np.int64), np.array([2, 0, 1]))
@@ -13,6 +15,10 @@ inside ``jax.jit`` as well.
 >>> mask = np.array([[1, 1], [1, 0]], bool)
 >>> Bags.from_dense(np.array([[4, 5], [6, 0]]), mask=mask).segment.tolist()
 [0, 0, 1, 2]
+>>> import jax, jaxops.hashtable as ht
+>>> words = ht.as_words(np.array([2**40 + 5], np.int64), "doc", "ids")  # exact with x64 off
+>>> jax.jit(lambda w: Bags.from_lengths(w, np.array([1])).ids.hi)(words).tolist()
+[256]
 """
 
 from __future__ import annotations
