@@ -263,15 +263,15 @@ def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_m
     fresh = (old_flags & VALID) == 0  # an empty slot or another key's tombstone: counter 0
     zero = jnp.zeros_like(at, dtype=jnp.uint32)
     before_lo = jnp.where(fresh, zero, take(table.counter_lo, at))
-    after_lo = before_lo + group_count(first, placed).astype(jnp.uint32)
+    low = add_to_words(Words64(before_lo, zero), group_count(first, placed))  # .hi: the carry
     # The high word is read and written only where it changes (a carry, or a slot new to
     # its key) unless admission needs it: a present key's step then touches one counter
     # word, one random memory access fewer in a table larger than the caches.
-    hi_changes = fresh | (after_lo < before_lo)
+    hi_changes = fresh | (low.hi != 0)
     read_hi = ~fresh if filter_mode == "counter" else ~fresh & hi_changes
     before = Words64(before_lo, jnp.where(read_hi, take(table.counter_hi, jnp.where(
         read_hi, at, 0)), zero))
-    after = Words64(after_lo, before.hi + (after_lo < before_lo).astype(jnp.uint32))
+    after = Words64(low.lo, before.hi + low.hi)
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
     admitted = placed

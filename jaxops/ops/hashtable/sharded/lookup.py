@@ -31,7 +31,8 @@ from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.sharded import call
 from jaxops.ops.hashtable.sharded.policy import insert_under_policy
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive, send
-from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, owner_shard)
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, owner_shard,
+                                                refuse_donate)
 from jaxops.ops.hashtable.table import Words64, as_words
 
 __all__ = ["ShardedLookupInfo", "find", "gather", "locate", "lookup", "lookup_or_insert"]
@@ -128,9 +129,7 @@ def lookup_or_insert(table: ShardedHashTable, keys: Any, *, route_capacity: int 
     op = LOOKUP_OR_INSERT.name
     table = check_sharded(op, table)
     step = attrs.pop("step", None)
-    if attrs.pop("donate", False):
-        raise OpArgumentError(op, "donate", "False for a ShardedHashTable (donate it to a "
-                              "jitted step with donate_argnums)", "True")
+    refuse_donate(op, attrs.pop("donate", False))
     words, shape = flat_words(op, keys, table.key_dtype)
     attrs = _defaults(attrs)
     n = int(words.lo.shape[0])

@@ -37,15 +37,10 @@ from jax.sharding import PartitionSpec as P
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable import scored as one
 from jaxops.ops.hashtable.sharded.call import global_replicated
-from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
+from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, expand,
+                                                refuse_donate, squeeze)
 
 __all__ = ["evict_if", "evict_lowest", "evict_lowest_per_shard"]
-
-
-def _refuse_donate(op: str, donate: bool) -> None:
-    if donate:
-        raise OpArgumentError(op, "donate", "False for a ShardedHashTable (donate it to a "
-                              "jitted step with donate_argnums)", "True")
 
 
 def evict_lowest(table: ShardedHashTable, n: Any = None, *, fraction: float | None = None,
@@ -55,7 +50,7 @@ def evict_lowest(table: ShardedHashTable, n: Any = None, *, fraction: float | No
     docstring for ties); ``keep`` holds global slots (e.g. ``info.slots``)."""
     op = "evict_lowest"
     table = check_sharded(op, table)
-    _refuse_donate(op, donate)
+    refuse_donate(op, donate)
     n, keep = one.eviction_count(table.live, n, fraction, by, keep)
     return _run(table, n, keep, by, const_val, across=True)
 
@@ -107,7 +102,7 @@ def evict_if(table: ShardedHashTable, predicate: Callable, *, const_val: float =
     shard's ``[shard_size]`` slots)."""
     op = "evict_if"
     table = check_sharded(op, table)
-    _refuse_donate(op, donate)
+    refuse_donate(op, donate)
     if not callable(predicate):
         raise OpArgumentError(op, "predicate", "a function SlotScores -> bool[bucket_size]",
                               type(predicate).__name__)

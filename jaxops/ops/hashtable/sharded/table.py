@@ -145,6 +145,14 @@ def check_sharded(op: str, table: Any, arg: str = "table") -> ShardedHashTable:
     return table
 
 
+def refuse_donate(op: str, donate: bool) -> None:
+    """``donate=True`` is for one table's eager calls; a sharded table is donated to a jitted
+    step instead (refused by name)."""
+    if donate:
+        raise OpArgumentError(op, "donate", "False for a ShardedHashTable (donate it to a "
+                              "jitted step with donate_argnums)", "True")
+
+
 def check_mesh_axis(op: str, mesh: Any, axis: Any) -> int:
     """The size of ``axis`` in ``mesh`` (errors name what was given)."""
     if not isinstance(mesh, Mesh):
