@@ -23,9 +23,10 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
-from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.table import HashTable, Words64, add_to_words
 
-__all__ = ["RowOptimizer", "make_row_optimizer", "resolve", "slot_owners", "sum_by_slot"]
+__all__ = ["RowOptimizer", "add_skipped", "make_row_optimizer", "resolve", "slot_owners",
+           "sum_by_slot"]
 
 _LAST = np.int32(np.iinfo(np.int32).max)  # sorts absent slots (-1) after every real slot
 
@@ -93,6 +94,20 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
     summed = jax.ops.segment_sum(grads, jnp.where(key == _LAST, n, group), num_segments=n)
     slot = jnp.where(slot == _LAST, -1, slot)
     return slot, summed, jnp.sum(key == _LAST, dtype=jnp.int32)
+
+
+def add_skipped(skipped: Any, amount: jax.Array) -> Any:
+    """``skipped + amount``: a 64-bit count (:class:`~jaxops.ops.hashtable.table.Counter64`,
+    the built-in optimizers') carries into its high word; any other count (a custom
+    optimizer's state) is added in its own dtype.
+
+    >>> from jaxops.ops.hashtable.table import Counter64
+    >>> int(add_skipped(Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)), jnp.int32(2)))
+    4294967297
+    """
+    if isinstance(skipped, Words64):
+        return add_to_words(skipped, amount)
+    return skipped + jnp.asarray(amount).astype(jnp.asarray(skipped).dtype)
 
 
 def _check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTable,
@@ -187,7 +202,7 @@ def _apply(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: j
     out = [_put(x, at, y) if t else y for x, y, t in zip(leaves, new_leaves, per_slot)]
     return (table.replace(values=_put(table.values, at, new_rows)),
             state._replace(**dict(zip(fields, tree.unflatten(out))), **owner,
-                           skipped=state.skipped + absent))
+                           skipped=add_skipped(state.skipped, absent)))
 
 
 def _sharded_ops(table: Any) -> Any:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from jaxops.ops.hashtable.optim.rows import (RowOptimizer, make_row_optimizer, resolve,
                                              slot_owners)
-from jaxops.ops.hashtable.table import HashTable, Words64
+from jaxops.ops.hashtable.table import Counter64, HashTable, Words64
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "RowwiseAdagradState", "SgdState", "adagrad",
@@ -52,9 +52,10 @@ Scalar = Any  # a float, a scalar array, or (learning rates) a schedule ``step -
 
 
 class SgdState(NamedTuple):
-    """``skipped``: int32, batch entries with slot -1 so far."""
+    """``skipped``: :class:`~jaxops.ops.hashtable.table.Counter64` (uint64), batch entries
+    with slot -1 so far; ``int(state.skipped)`` reads it."""
 
-    skipped: jax.Array
+    skipped: Counter64
 
 
 class AdagradState(NamedTuple):
@@ -64,7 +65,7 @@ class AdagradState(NamedTuple):
 
     sum_of_squares: jax.Array
     owner: Words64
-    skipped: jax.Array
+    skipped: Counter64
 
 
 class RowwiseAdagradState(NamedTuple):
@@ -73,7 +74,7 @@ class RowwiseAdagradState(NamedTuple):
 
     sum_of_squares: jax.Array
     owner: Words64
-    skipped: jax.Array
+    skipped: Counter64
 
 
 class AdamState(NamedTuple):
@@ -84,7 +85,7 @@ class AdamState(NamedTuple):
     nu: jax.Array
     count: jax.Array
     owner: Words64
-    skipped: jax.Array
+    skipped: Counter64
 
 
 class FtrlState(NamedTuple):
@@ -94,11 +95,11 @@ class FtrlState(NamedTuple):
     accumulator: jax.Array
     linear: jax.Array
     owner: Words64
-    skipped: jax.Array
+    skipped: Counter64
 
 
-def _zero_count() -> jax.Array:
-    return jnp.zeros((), jnp.int32)
+def _zero_count() -> Counter64:
+    return Counter64.zero()
 
 
 def _full(table: HashTable, value: float, row_shape: tuple[int, ...] | None = None) -> jax.Array:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.optim.rows import RowOptimizer, make_row_optimizer, slot_owners
-from jaxops.ops.hashtable.table import HashTable, Words64
+from jaxops.ops.hashtable.table import Counter64, HashTable, Words64
 
 __all__ = ["OptaxRowState", "from_optax"]
 
@@ -49,11 +49,11 @@ __all__ = ["OptaxRowState", "from_optax"]
 class OptaxRowState(NamedTuple):
     """``inner``: the wrapped transform's state; ``owner``: the key each slot's state rows
     belong to (see :mod:`~jaxops.ops.hashtable.owner`); ``skipped``: batch entries with
-    slot -1."""
+    slot -1 (a uint64 :class:`~jaxops.ops.hashtable.table.Counter64`)."""
 
     inner: Any
     owner: Words64
-    skipped: jax.Array
+    skipped: Counter64
 
 
 def _own_buffers(tree: Any) -> Any:
@@ -87,7 +87,7 @@ def from_optax(tx: Any, name: str = "from_optax") -> RowOptimizer:
 
     def init(table: HashTable) -> OptaxRowState:
         return OptaxRowState(_own_buffers(tx.init(table.values)), slot_owners(table),
-                             jnp.zeros((), jnp.int32))
+                             Counter64.zero())
 
     def rule(w, g, state, step):
         (inner,) = state

@@ -27,19 +27,19 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.adamw import _adam_w_kernel, adam_w_init as _adam_w_init
+from jaxops.ops.hashtable.adamw import GRADS, _adam_w_kernel, adam_w_init as _adam_w_init
 from jaxops.ops.hashtable.batch import key_batch, live_slots
 from jaxops.ops.hashtable.evict import _evict_kernel
-from jaxops.ops.hashtable.import_ import ImportInfo, _import_kernel
+from jaxops.ops.hashtable.import_ import FLAGS, ROWS, ImportInfo, _import_kernel
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W, EVICT, IMPORT
-from jaxops.ops.hashtable.optim.rows import _apply, check_update_args
+from jaxops.ops.hashtable.optim.rows import _apply, add_skipped, check_update_args
 from jaxops.ops.hashtable.sharded import call
 from jaxops.ops.hashtable.sharded.lookup import (flat_words, global_slots, route_keys,
                                                  route_slots, total, where_of)
 from jaxops.ops.hashtable.sharded.policy import insert_under_policy
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable, check_sharded, expand, squeeze
-from jaxops.ops.hashtable.table import Counter64, Words64, add_to_words, as_words
+from jaxops.ops.hashtable.table import Words64, as_words, check_numeric
 
 __all__ = ["adam_w_init", "apply_adam_w", "evict", "import_", "per_shard_state",
            "row_optimizer_update"]
@@ -63,12 +63,6 @@ def adam_w_init(table: ShardedHashTable, amsgrad: bool = False):
     return per_shard_state(check_sharded(APPLY_ADAM_W.name, table), _adam_w_init, bool(amsgrad))
 
 
-def _add_skipped(old: Any, real: jax.Array) -> Any:
-    if isinstance(old, Counter64):
-        return add_to_words(old, real)
-    return old + real.astype(jnp.asarray(old).dtype)
-
-
 def _adam_local(statics, state, batch, active, hyper, capacity):
     where, by_slots, amsgrad, maximize = statics
     table, opt = state
@@ -86,7 +80,7 @@ def _adam_local(statics, state, batch, active, hyper, capacity):
     new_table, new_opt = _adam_w_kernel(table, opt, placeholder, grads, *hyper, slots,
                                         amsgrad=amsgrad, maximize=maximize)
     real = jnp.sum(ex.active & (slots < 0), dtype=jnp.int32)  # padding lanes are no keys
-    new_opt = new_opt._replace(skipped=_add_skipped(opt.skipped, real))
+    new_opt = new_opt._replace(skipped=add_skipped(opt.skipped, real))
     return (new_table, new_opt), (ex.info.served,), (ex.info.needed, ex.info.lost)
 
 
@@ -106,9 +100,9 @@ def apply_adam_w(table: ShardedHashTable, state: Any, keys: Any, grads: jax.Arra
     else:
         first = flat_words(op, keys, table.key_dtype)[0]
     n = int(jax.tree.leaves(first)[0].shape[0])
-    grads = jnp.asarray(grads, jnp.float32)
+    grads = jnp.asarray(check_numeric(op, "grads", grads, GRADS), jnp.float32)
     if grads.size != n * table.embedding_dim:
-        raise OpArgumentError(op, "grad", f"[{n}, {table.embedding_dim}] float32 (one row per "
+        raise OpArgumentError(op, "grads", f"[{n}, {table.embedding_dim}] float32 (one row per "
                               "key)", f"shape {tuple(grads.shape)}")
     statics = (where_of(table), slots is not None, bool(amsgrad), bool(maximize))
     hyper = tuple(jnp.asarray(x, jnp.float32) for x in (lr, weight_decay, beta1, beta2, epsilon))
@@ -134,7 +128,7 @@ def _optim_local(statics, state, batch, active, step, capacity):
     local = jnp.where(ex.active, local, -1)
     new_table, new_opt = _apply(rule, table, opt, local, grads, step)
     real = jnp.sum(ex.active & (local < 0), dtype=jnp.int32)
-    new_opt = new_opt._replace(skipped=_add_skipped(opt.skipped, real))
+    new_opt = new_opt._replace(skipped=add_skipped(opt.skipped, real))
     return (new_table, new_opt), (ex.info.served,), (ex.info.needed, ex.info.lost)
 
 
@@ -219,8 +213,9 @@ def import_(table: ShardedHashTable, keys: Any, counters: Any, filter_flags: Any
     n = int(words.lo.shape[0])
     count_words = as_words(counters, op, "counters")
     counters = Words64(count_words.lo.reshape(-1), count_words.hi.reshape(-1))
-    flags = jnp.asarray(filter_flags).reshape(-1)
-    rows = jnp.asarray(values, jnp.float32)
+    flags = jnp.asarray(check_numeric(op, "filter_flags", filter_flags, FLAGS, integer=True)
+                        ).reshape(-1)
+    rows = jnp.asarray(check_numeric(op, "values", values, ROWS), jnp.float32)
     for arg, got in (("counters", counters.lo.size), ("filter_flags", flags.size),
                      ("values", rows.size // max(table.embedding_dim, 1))):
         if got != n:
