@@ -50,6 +50,46 @@ def test_a_non_table_is_refused_by_name(name, call, not_a_table):
         call(not_a_table)
 
 
+_RAGGED = [[1], [2, 3]]
+_not_a_path = lambda bad: bad.encode() if isinstance(bad, str) else bad  # noqa: E731
+
+
+@pytest.mark.parametrize("name,arg,call", [
+    ("find", "keys", lambda t, bad: ht.find(t, bad)),
+    ("lookup", "keys", lambda t, bad: ht.lookup(t, bad)),
+    ("locate", "keys", lambda t, bad: ht.locate(t, bad)),
+    ("gather", "slots", lambda t, bad: ht.gather(t.values, bad)),
+    ("ApplyAdamW", "grads", lambda t, bad: ht.apply_adam_w(t, ht.adam_w_init(t), K(1), bad,
+                                                           lr=0.1, weight_decay=0.0)),
+    ("Import", "filter_flags", lambda t, bad: ht.import_(t, K(1), np.ones(1, np.uint64), bad,
+                                                         np.ones((1, 2), np.float32))),
+    ("Import", "values", lambda t, bad: ht.import_(t, K(1), np.ones(1, np.uint64),
+                                                   np.ones(1, np.uint8), bad)),
+    ("evict_lowest", "n", lambda t, bad: ht.evict_lowest(t, bad)),
+    ("evict_lowest", "fraction", lambda t, bad: ht.evict_lowest(  # None: n is missing
+        t, fraction=float("nan") if bad is None else bad)),
+    ("evict_lowest", "keep", lambda t, bad: ht.evict_lowest(  # None: nothing kept
+        t, 1, keep=[1.5] if bad is None else bad)),
+    ("counter_below", "threshold", lambda t, bad: ht.counter_below(bad)),
+    ("not_seen_for", "steps", lambda t, bad: ht.not_seen_for(bad)),
+    ("save", "path", lambda t, bad: ht.save(t, _not_a_path(bad))),
+    ("load", "path", lambda t, bad: ht.load(_not_a_path(bad))),
+    ("from_cann_bytes", "buffer", lambda t, bad: ht.from_cann_bytes(bad, 2)),
+    ("from_cann_bytes", "embedding_dim", lambda t, bad: ht.from_cann_bytes(
+        ht.to_cann_bytes(t), bad)),
+    ("row_bytes", "embedding_dim", lambda t, bad: ht.row_bytes(bad)),
+    ("host_keys", "table", lambda t, bad: ht.host_keys(bad, K(1))),
+    ("host_keys", "keys", lambda t, bad: ht.host_keys(t, bad)),
+])
+@pytest.mark.parametrize("bad", [None, "abc", _RAGGED, object()],
+                         ids=["None", "str", "ragged", "object"])
+def test_each_function_names_itself_and_the_argument(name, arg, call, bad):
+    """A wrong argument raises the library's error naming the function the user called
+    (not a helper such as locate) and the argument, never a raw numpy/JAX error."""
+    with pytest.raises((OpArgumentError, OpDTypeError), match=rf"{name}\b.*argument '{arg}'"):
+        call(_table(), bad)
+
+
 def test_gather_takes_the_values_not_the_table():
     t = _table()
     with pytest.raises(OpArgumentError, match=r"gather: argument 'values'.*table\.values.*"

@@ -32,8 +32,10 @@ from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, VALID, HashTable, Words64, add_to_words, as_words,
-                                        Counter64, check_table)
+                                        Counter64, check_numeric, check_table)
 
+
+GRADS = "a float array [N, embedding_dim] (one gradient row per key)"
 
 class AdamWState(NamedTuple):
     """Optimizer state beside a table (CANN passes these as tensors).
@@ -112,9 +114,9 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
     else:
         words = as_words(keys, op, "keys", table.key_dtype)
     n = int(words.lo.size)
-    grads = jnp.asarray(grads, jnp.float32)
+    grads = jnp.asarray(check_numeric(op, "grads", grads, GRADS), jnp.float32)
     if grads.size != n * table.embedding_dim:
-        raise OpArgumentError(op, "grad", f"[{n}, {table.embedding_dim}] float32 (one row per "
+        raise OpArgumentError(op, "grads", f"[{n}, {table.embedding_dim}] float32 (one row per "
                               "key)", f"shape {tuple(grads.shape)}")
     _check_state(op, table, state)
     if amsgrad and state.max_v.shape[0] != table.bucket_size:

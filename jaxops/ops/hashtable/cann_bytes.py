@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.table import check_table
+from jaxops.ops.hashtable.table import check_int, check_numeric, check_table
 from jaxops.ops.hashtable.host_chunks import HostRows
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter,
                                         check_key_dtype)
@@ -40,7 +40,8 @@ _CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in thi
 
 def row_bytes(embedding_dim: int) -> int:
     """Bytes per bucket: ``24 + round_up_8(4 * embedding_dim)``."""
-    return 24 + -(-4 * int(embedding_dim) // 8) * 8
+    dim = check_int("row_bytes", "embedding_dim", embedding_dim, 1, 2**31 - 1, "an int >= 1")
+    return 24 + -(-4 * dim // 8) * 8
 
 
 def to_cann_bytes(table: HashTable) -> np.ndarray:
@@ -91,8 +92,10 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
     """
     op = "from_cann_bytes"
     key_dtype = check_key_dtype(op, key_dtype)
+    embedding_dim = check_int(op, "embedding_dim", embedding_dim, 1, 2**31 - 1, "an int >= 1")
     width = row_bytes(embedding_dim)
-    buf = np.asarray(buffer)
+    buf = np.asarray(check_numeric(op, "buffer", buffer, "a uint8 bucket array (to_cann_bytes)",
+                                   integer=True))
     if buf.dtype != np.uint8 or buf.size % width or (buf.ndim == 2 and buf.shape[1] != width):
         raise OpArgumentError(op, "buffer", f"uint8 rows of {width} bytes (embedding_dim "
                               f"{embedding_dim})", f"{buf.dtype} of shape {buf.shape}")

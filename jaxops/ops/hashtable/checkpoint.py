@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.cann_bytes import cann_rows, live_counts, parse_cann_rows, row_bytes
-from jaxops.ops.hashtable.checkpoint_files import atomic_writer, remove_stale_temps
+from jaxops.ops.hashtable.checkpoint_files import atomic_writer, check_path, remove_stale_temps
 from jaxops.ops.hashtable.host_chunks import TableWriter, chunk_slots_for, iter_host_chunks
 from jaxops.ops.hashtable.load import LOAD_POLICIES
 from jaxops.ops.hashtable.murmur import home_slot
@@ -118,8 +118,9 @@ def load(path: str | os.PathLike) -> HashTable:
         CheckpointError: not a table file, an unsupported version, a truncated file, a
             checksum mismatch, a bad header or content that is not a valid table.
     """
+    path = check_path("load", path)
     remove_stale_temps(path)
-    where = repr(os.fspath(path))
+    where = repr(path)
     with open(path, "rb") as f:
         size, dim, header = _read_header(f, where)
         rest = os.fstat(f.fileno()).st_size - f.tell()

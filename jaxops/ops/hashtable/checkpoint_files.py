@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from jaxops.core.errors import describe
+from jaxops.core.errors import OpArgumentError, describe
 
-__all__ = ["STALE_AFTER_S", "atomic_writer", "is_stale", "remove_stale_temps"]
+__all__ = ["STALE_AFTER_S", "atomic_writer", "check_path", "is_stale", "remove_stale_temps"]
 
 #: A temporary file untouched for this long is stale even if its pid runs (pid reuse).
 STALE_AFTER_S = 3600.0
@@ -57,6 +57,24 @@ def is_stale(name: str, target_name: str, mtime: float, now: float | None = None
     if now - mtime > STALE_AFTER_S:
         return True
     return len(parts) == 2 and not _pid_running(int(parts[0]))
+
+
+def check_path(op: str, path: object) -> str:
+    """``path`` as a ``str`` if it is a file-system path (``str`` or ``os.PathLike``); else
+    an :class:`~jaxops.errors.OpArgumentError` naming ``op``.
+
+    >>> check_path("save", None)
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.OpArgumentError: save: argument 'path': expected a file path (str or os.PathLike), got NoneType.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OpArgumentError(op, "path", "a file path (str or os.PathLike)", type(path).__name__)
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise OpArgumentError(op, "path", "a file path (str or os.PathLike of str)",
+                              type(path).__name__)
+    return path
 
 
 def remove_stale_temps(path: str | os.PathLike) -> list[str]:
@@ -102,7 +120,7 @@ def atomic_writer(op: str, path: str | os.PathLike) -> Iterator[BinaryIO]:
         FileNotFoundError, PermissionError, IsADirectoryError: naming ``path`` (not the
             temporary) when its directory is missing or not writable, or it is a directory.
     """
-    path = os.fspath(path)
+    path = check_path(op, path)
     full = os.path.abspath(path)
     directory, target = os.path.split(full)
     if os.path.isdir(full):

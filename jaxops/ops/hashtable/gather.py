@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.table import check_numeric
 
 __all__ = ["gather"]
 
@@ -34,6 +35,8 @@ def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> j
         raise OpArgumentError("gather", "values", "a float array [rows, dim] (a table's "
                               "values: gather(table.values, slots))", type(values).__name__
                               if not hasattr(values, "shape") else f"shape {np.shape(values)}")
+    slots = check_numeric("gather", "slots", slots, "an integer array of slots (e.g. "
+                          "lookup_or_insert's info.slots; -1 = absent)", integer=True)
     if not isinstance(slots, jax.core.Tracer):
         _check_slots(np.asarray(slots), values.shape[0])
     return _gather(values, jnp.asarray(slots), default_value)

@@ -23,8 +23,12 @@ from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
 from jaxops.ops.hashtable.opdefs import IMPORT
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        add_to_words, as_counter, as_words, check_table)
+                                        add_to_words, as_counter, as_words, check_numeric,
+                                        check_table)
 
+
+FLAGS = "an integer array [N] of filter flags (0 or 1 per entry)"
+ROWS = "a float array [N, embedding_dim] of rows"
 
 class ImportInfo(NamedTuple):
     """What one ``import_`` did.
@@ -72,8 +76,9 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
     words = as_words(keys, op, "keys", table.key_dtype)
     count_words = as_words(counters, op, "counters")
     n = int(np.prod(words.shape))
-    flags = jnp.asarray(filter_flags).reshape(-1)
-    rows = jnp.asarray(values, jnp.float32)
+    flags = jnp.asarray(check_numeric(op, "filter_flags", filter_flags, FLAGS, integer=True)
+                        ).reshape(-1)
+    rows = jnp.asarray(check_numeric(op, "values", values, ROWS), jnp.float32)
     for arg, got in (("counters", int(np.prod(count_words.shape))), ("filter_flags", flags.size),
                      ("values", rows.size // max(table.embedding_dim, 1))):
         if got != n:

@@ -74,8 +74,14 @@ def locate(table: HashTable, keys: Any) -> jax.Array:
         table: the table.
         keys: int64 keys — numpy int64, JAX int64 (x64), JAX int32/uint32, or ``Words64``.
     """
-    table = check_table("locate", table)
-    batch = key_batch("locate", keys, table.bucket_size, key_dtype=table.key_dtype)
+    return _slots_of("locate", table, keys)
+
+
+def _slots_of(op: str, table: Any, keys: Any) -> jax.Array:
+    """:func:`locate` on behalf of ``op`` (the public function the user called, which its
+    argument errors name)."""
+    table = check_table(op, table)
+    batch = key_batch(op, keys, table.bucket_size, key_dtype=table.key_dtype)
     return _locate(table, batch).reshape(batch.shape)
 
 
@@ -91,7 +97,7 @@ def lookup(table: HashTable, keys: Any) -> jax.Array:
     scatter-adds each row's gradient into its slot (see :func:`gather`).
     """
     table = check_table("lookup", table)
-    return gather(table.values, locate(table, keys))
+    return gather(table.values, _slots_of("lookup", table, keys))
 
 
 def find(table: HashTable, keys: Any, *, default_value: float = 0.0
@@ -102,7 +108,8 @@ def find(table: HashTable, keys: Any, *, default_value: float = 0.0
         float32 ``keys.shape + (dim,)`` rows (``default_value`` where absent or evicted) and
         bool ``keys.shape``.
     """
-    slots = locate(check_table("find", table), keys)
+    table = check_table("find", table)
+    slots = _slots_of("find", table, keys)
     return gather(table.values, slots, float(default_value)), slots >= 0
 
 

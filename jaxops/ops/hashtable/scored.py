@@ -43,7 +43,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.table import (EVICTED, EXPORT, VALID, HashTable, Words64, as_words,
-                                        check_table)
+                                        check_int, check_numeric, check_table)
 
 __all__ = ["SlotScores", "counter_below", "evict_if", "evict_lowest", "not_seen_for"]
 
@@ -75,9 +75,8 @@ def counter_below(threshold: int) -> Callable[[SlotScores], jax.Array]:
     >>> counter_below(5)(s).tolist()
     [True, False]
     """
-    if not 0 <= int(threshold) < 2**64:
-        raise OpArgumentError("counter_below", "threshold", "an int in [0, 2**64)",
-                              repr(threshold))
+    threshold = check_int("counter_below", "threshold", threshold, 0, 2**64 - 1,
+                          "an int in [0, 2**64)")
     t_lo, t_hi = np.uint32(int(threshold) & 0xFFFFFFFF), np.uint32(int(threshold) >> 32)
 
     def below(scores: SlotScores) -> jax.Array:
@@ -90,8 +89,7 @@ def counter_below(threshold: int) -> Callable[[SlotScores], jax.Array]:
 def not_seen_for(steps: int) -> Callable[[SlotScores], jax.Array]:
     """A predicate for :func:`evict_if`: no lookup touched the slot in the last ``steps``
     steps (``age >= steps``)."""
-    if not 0 <= int(steps) < 2**32:
-        raise OpArgumentError("not_seen_for", "steps", "an int in [0, 2**32)", repr(steps))
+    steps = check_int("not_seen_for", "steps", steps, 0, 2**32 - 1, "an int in [0, 2**32)")
     return lambda scores: scores.age >= np.uint32(steps)
 
 
@@ -133,14 +131,20 @@ def eviction_count(live: Any, n: Any, fraction: float | None, by: str, keep: Any
         raise OpArgumentError(op, "n", "exactly one of n and fraction", f"n={n!r}, "
                               f"fraction={fraction!r}")
     if fraction is not None:
-        if not 0.0 <= float(fraction) <= 1.0:
+        if isinstance(fraction, (bool, np.bool_)) or not isinstance(
+                fraction, (int, float, np.integer, np.floating)) or not 0.0 <= fraction <= 1.0:
             raise OpArgumentError(op, "fraction", "a float in [0, 1]", repr(fraction))
         n = (int(float(fraction) * int(live)) if not isinstance(live, jax.core.Tracer)
              else (live.astype(jnp.float32) * np.float32(fraction)).astype(jnp.int32))
-    elif isinstance(n, (int, np.integer)) and not 0 <= int(n) < 2**31:
-        raise OpArgumentError(op, "n", "an int in [0, 2**31)", repr(n))
-    keep = jnp.full((1,), -1, jnp.int32) if keep is None else \
-        jnp.asarray(keep, jnp.int32).reshape(-1)
+    else:
+        scalar = isinstance(n, (jax.Array, np.ndarray)) and np.ndim(n) == 0 and \
+            jnp.issubdtype(n.dtype, jnp.integer)
+        if not (scalar and isinstance(n, jax.core.Tracer)):  # a traced count: unchecked
+            n = check_int(op, "n", n.item() if scalar else n, 0, 2**31 - 1,
+                          "an int in [0, 2**31) (or an int32 scalar inside jit)")
+    keep = jnp.full((1,), -1, jnp.int32) if keep is None else jnp.asarray(check_numeric(
+        op, "keep", keep, "int32 slots never to evict (-1 is ignored)", integer=True),
+        jnp.int32).reshape(-1)
     return jnp.asarray(n, jnp.int32), keep
 
 

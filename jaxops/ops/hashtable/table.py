@@ -216,7 +216,14 @@ def host_keys(table: Any, keys: Any) -> np.ndarray:
     >>> host_keys(t, as_words([2**64 - 1], "Doc", "keys")).tolist()
     [18446744073709551615]
     """
-    return to_host_int64(keys, signed=table.key_dtype == "int64")
+    key_dtype = getattr(table, "key_dtype", None)
+    if key_dtype not in ("int64", "uint64"):
+        raise OpArgumentError("host_keys", "table", "a HashTable or ShardedHashTable",
+                              type(table).__name__)
+    if not isinstance(keys, Words64):
+        keys = check_numeric("host_keys", "keys", keys, "integer keys (export's keys, "
+                             "join_words output) or Words64", integer=True)
+    return to_host_int64(keys, signed=key_dtype == "int64")
 
 
 def add_to_words(words: Words64, amount: jax.Array) -> Words64:
@@ -251,11 +258,22 @@ def as_counter(x: Any) -> Counter64:
     return Counter64(w.lo.reshape(()), w.hi.reshape(()))
 
 
+def check_int(op: str, arg: str, x: Any, low: int, high: int, expected: str | None = None
+              ) -> int:
+    """``x`` as a Python int if it is an integer (not a bool) in ``[low, high]``; else an
+    :class:`OpArgumentError` naming ``op`` and ``arg``.
+
+    >>> check_int("doc", "n", np.int64(3), 0, 10)
+    3
+    """
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) \
+            or not low <= int(x) <= high:
+        raise OpArgumentError(op, arg, expected or f"an int in [{low}, {high}]", repr(x))
+    return int(x)
+
+
 def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> int:
-    if isinstance(bucket_size, (bool, np.bool_)) or not isinstance(bucket_size, (int, np.integer)) \
-            or not 1 <= int(bucket_size) <= MAX_BUCKET_SIZE:
-        raise OpArgumentError(op, arg, f"an int in [1, {MAX_BUCKET_SIZE}]", repr(bucket_size))
-    return int(bucket_size)
+    return check_int(op, arg, bucket_size, 1, MAX_BUCKET_SIZE)
 
 
 @jax.tree_util.register_dataclass
@@ -347,3 +365,27 @@ def check_table(op: str, table: Any, arg: str = "table") -> HashTable:
         raise OpArgumentError(op, arg, "a jaxops.hashtable.HashTable (from init_table)",
                               type(table).__name__)
     return table
+
+
+def check_numeric(op: str, arg: str, x: Any, expected: str, integer: bool = False) -> Any:
+    """``x`` as an array (a JAX array, traced or not, stays one) if it holds numbers
+    (``integer``: integers or bools); else an :class:`OpDTypeError` naming ``op`` and ``arg``.
+
+    >>> check_numeric("doc", "values", [[1.0, 2.0]], "float rows").dtype
+    dtype('float64')
+    >>> check_numeric("doc", "values", [[1.0], [2.0, 3.0]], "float rows")
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.OpDTypeError: doc: argument 'values': expected float rows, got a ragged sequence.
+    """
+    try:
+        arr = x if isinstance(x, jax.Array) else np.asarray(x)
+    except (TypeError, ValueError):
+        raise OpDTypeError(op, arg, expected, "a ragged sequence" if isinstance(
+            x, (list, tuple)) else type(x).__name__) from None
+    kinds = (jnp.integer, jnp.bool_) if integer else (jnp.number, jnp.bool_)
+    if not any(jnp.issubdtype(arr.dtype, k) for k in kinds):
+        given = repr(x) if x is None or isinstance(x, str) else (
+            type(x).__name__ if arr.dtype == object else f"dtype {arr.dtype}")
+        raise OpDTypeError(op, arg, expected, given)
+    return arr

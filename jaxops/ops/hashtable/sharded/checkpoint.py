@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from jaxops.core.errors import CheckpointError, OpArgumentError
 from jaxops.ops.hashtable.checkpoint import load as load_one
 from jaxops.ops.hashtable.checkpoint import save as save_one
-from jaxops.ops.hashtable.checkpoint_files import atomic_writer
+from jaxops.ops.hashtable.checkpoint_files import atomic_writer, check_path
 from jaxops.ops.hashtable.resize import _rehash
 from jaxops.ops.hashtable.sharded.call import global_replicated
 from jaxops.ops.hashtable.sharded.io import assemble, local_shards
@@ -64,7 +64,7 @@ def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
     """Writes ``table`` into the directory ``path`` (created if missing); see the module
     docstring. Every process of a multi-process run must call it (a collective)."""
     table = check_sharded("save", table)
-    path = os.fspath(path)
+    path = check_path("save", path)
     generation = _agree(f"g-{secrets.token_hex(8)}")
     n = table.num_shards
     names = [f"{generation}/shard-{i:05d}-of-{n:05d}.jxht" for i in range(n)]

@@ -27,6 +27,7 @@ from jaxops.ops.hashtable import load as load_policy, resize as resize_mod, scor
 from jaxops.ops.hashtable.sharded import checkpoint as sharded_checkpoint
 from jaxops.ops.hashtable.sharded import io, lookup as sharded_lookup
 from jaxops.ops.hashtable.sharded import scored as sharded_scored, update
+from jaxops.ops.hashtable.checkpoint_files import check_path
 from jaxops.ops.hashtable.sharded.table import ShardedHashTable
 
 __all__ = ["adam_w_init", "apply_adam_w", "compact", "evict", "evict_if", "evict_lowest",
@@ -89,6 +90,7 @@ to_cann_bytes = _either(cann_bytes.to_cann_bytes, _cann_bytes_of_shards)
 
 @functools.wraps(checkpoint.load)
 def load(path: str | os.PathLike, *, mesh=None, axis: str | None = None, **kwargs):
+    path = check_path("load", path)
     if mesh is None and not kwargs and not sharded_checkpoint.is_sharded_checkpoint(path):
         return checkpoint.load(path)
     if mesh is None or axis is None:
