@@ -11,10 +11,10 @@
 
 from jaxops.embedding.bags import Bags
 from jaxops.embedding.collection import (EmbeddingCollection, Lookup, TableConfig, TableState,
-                                         feature_salt)
+                                         feature_salt, salt_ids)
 from jaxops.embedding.pooling import POOLINGS, pool
 
 __all__ = [
     "POOLINGS", "Bags", "EmbeddingCollection", "Lookup", "TableConfig", "TableState",
-    "feature_salt", "pool",
+    "feature_salt", "pool", "salt_ids",
 ]

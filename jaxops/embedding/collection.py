@@ -53,7 +53,8 @@ from jaxops.hashtable import HashTable, LookupInfo, Words64, gather, init_table,
 from jaxops.hashtable import lookup_or_insert
 from jaxops.hashtable.optim import RowOptimizer
 
-__all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableState", "feature_salt"]
+__all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableState", "feature_salt",
+           "salt_ids"]
 
 _OP = "EmbeddingCollection"
 _PAD = np.uint32(0xFFFFFFFF)  # both words of the padding key -1
@@ -121,6 +122,20 @@ def feature_salt(name: str) -> tuple[np.uint32, np.uint32]:
     return np.uint32(lo), np.uint32(hi)
 
 
+def salt_ids(feature: str, ids: Words64) -> Words64:
+    """``ids`` XOR the feature's salt (:func:`feature_salt`): the keys under which a
+    feature sharing a table stores its ids (the same rule for any other store of ids, e.g.
+    a hashed dense baseline, so both see the same keys).
+
+    >>> import numpy as np
+    >>> w = Words64(np.zeros(1, np.uint32), np.zeros(1, np.uint32))
+    >>> [int(x[0]) for x in salt_ids("user", w)] == [int(x) for x in feature_salt("user")]
+    True
+    """
+    lo, hi = feature_salt(feature)
+    return Words64(ids.lo ^ lo, ids.hi ^ hi)
+
+
 def _initial_values(config: TableConfig, key: jax.Array) -> HashTable:
     init = config.initializer
     size, dim = config.bucket_size, config.embedding_dim
@@ -174,8 +189,7 @@ class EmbeddingCollection:
     def _keys(self, config: TableConfig, feature: str, bags: Bags) -> Words64:
         ids = bags.ids
         if not config.share_ids and len(config.features) > 1:
-            lo, hi = feature_salt(feature)
-            ids = Words64(ids.lo ^ lo, ids.hi ^ hi)
+            ids = salt_ids(feature, ids)
         return Words64(jnp.where(bags.valid, ids.lo, _PAD), jnp.where(bags.valid, ids.hi, _PAD))
 
     def _grouped(self, features: Mapping[str, Any]) -> dict[str, list[str]]:
