@@ -108,7 +108,8 @@ def _run_lazy_reference(make_ref, params, batches):
 
 
 @pytest.mark.parametrize("name,x64", [(name, False) for name in sorted(CASES)] + [
-    (name, True) for name in ("adam", "adagrad", "ftrl", "from_optax_rmsprop")])
+    (name, True) for name in ("adam", "adagrad", "adamw", "ftrl", "from_optax_rmsprop",
+                              "rowwise_adagrad", "sgd")])  # every named optimizer, x64 on
 def test_touched_rows_follow_the_reference(name, x64):
     make, make_ref = CASES[name]
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
