@@ -80,6 +80,10 @@ _not_a_path = lambda bad: bad.encode() if isinstance(bad, str) else bad  # noqa:
     ("row_bytes", "embedding_dim", lambda t, bad: ht.row_bytes(bad)),
     ("host_keys", "table", lambda t, bad: ht.host_keys(bad, K(1))),
     ("host_keys", "keys", lambda t, bad: ht.host_keys(t, bad)),
+    ("optim.sgd", "slots", lambda t, bad: optim.sgd(0.1).update(t, optim.sgd(0.1).init(t), bad,
+                                                                np.ones((1, 2)))),
+    ("optim.sgd", "grads", lambda t, bad: optim.sgd(0.1).update(t, optim.sgd(0.1).init(t),
+                                                                np.zeros(1, np.int32), bad)),
 ])
 @pytest.mark.parametrize("bad", [None, "abc", _RAGGED, object()],
                          ids=["None", "str", "ragged", "object"])
@@ -88,6 +92,21 @@ def test_each_function_names_itself_and_the_argument(name, arg, call, bad):
     (not a helper such as locate) and the argument, never a raw numpy/JAX error."""
     with pytest.raises((OpArgumentError, OpDTypeError), match=rf"{name}\b.*argument '{arg}'"):
         call(_table(), bad)
+
+
+def test_a_sharded_table_checks_slots_as_one_table_does():
+    """gather and a row optimizer's update on a ShardedHashTable refuse what the one-table
+    functions refuse: slots that are not integers, and (gather) slots outside the table."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant")
+    for bad in ([[1], [2, 3]], "abc", np.ones(1)):
+        with pytest.raises(OpDTypeError, match=r"gather: argument 'slots'"):
+            ht.gather(t, bad)
+        with pytest.raises(OpDTypeError, match=r"optim\.sgd: argument 'slots'"):
+            optim.sgd(0.1).update(t, optim.sgd(0.1).init(t), bad, np.ones((1, 2)))
+    for slot in (16, 999, -5):
+        with pytest.raises(OpArgumentError, match=rf"gather: argument 'slots'.*got {slot}"):
+            ht.gather(t, np.array([0, slot]))
 
 
 def test_gather_takes_the_values_not_the_table():

@@ -19,7 +19,9 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.table import check_numeric
 
-__all__ = ["gather"]
+__all__ = ["check_slots", "gather"]
+
+SLOTS = "an integer array of slots (e.g. lookup_or_insert's info.slots; -1 = absent)"
 
 
 def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
@@ -35,14 +37,14 @@ def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> j
         raise OpArgumentError("gather", "values", "a float array [rows, dim] (a table's "
                               "values: gather(table.values, slots))", type(values).__name__
                               if not hasattr(values, "shape") else f"shape {np.shape(values)}")
-    slots = check_numeric("gather", "slots", slots, "an integer array of slots (e.g. "
-                          "lookup_or_insert's info.slots; -1 = absent)", integer=True)
+    slots = check_numeric("gather", "slots", slots, SLOTS, integer=True)
     if not isinstance(slots, jax.core.Tracer):
-        _check_slots(np.asarray(slots), values.shape[0])
+        check_slots(np.asarray(slots), values.shape[0])
     return _gather(values, jnp.asarray(slots), default_value)
 
 
-def _check_slots(slots: np.ndarray, rows: int) -> None:
+def check_slots(slots: np.ndarray, rows: int) -> None:
+    """Only -1 means "absent": any other slot outside ``[0, rows)`` is refused by name."""
     bad = (slots != -1) & ((slots < 0) | (slots >= rows))
     if bad.any():
         where = [int(i) for i in np.argwhere(bad)[0]]

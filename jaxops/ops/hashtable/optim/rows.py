@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
-from jaxops.ops.hashtable.table import HashTable, Words64, add_to_words
+from jaxops.ops.hashtable.table import HashTable, Words64, add_to_words, check_numeric
 
 __all__ = ["RowOptimizer", "add_skipped", "make_row_optimizer", "resolve", "slot_owners",
            "sum_by_slot"]
@@ -140,15 +140,17 @@ def _put(a: jax.Array, at: jax.Array, rows: jax.Array) -> jax.Array:
     return a.at[at].set(rows.astype(a.dtype), mode="drop", unique_indices=True)
 
 
+SLOTS = "an integer array of slots (lookup_or_insert's info.slots)"
+GRADS = "a float array of shape slots.shape + (embedding_dim,)"
+
+
 def check_update_args(op: str, table: Any, slots: Any, grads: Any) -> tuple[jax.Array, jax.Array]:
     """``(slots [N], grads [N, dim])`` flattened, after checking what the caller gave."""
     if not isinstance(table, HashTable):
         raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
                               type(table).__name__)
-    slots, grads = jnp.asarray(slots), jnp.asarray(grads)
-    if not jnp.issubdtype(slots.dtype, jnp.integer):
-        raise OpDTypeError(op, "slots", "an integer array of slots (lookup_or_insert's "
-                           "info.slots)", str(slots.dtype))
+    slots = jnp.asarray(check_numeric(op, "slots", slots, SLOTS, integer=True))
+    grads = jnp.asarray(check_numeric(op, "grads", grads, GRADS))
     dim = table.embedding_dim
     if tuple(grads.shape) != tuple(slots.shape) + (dim,):
         raise OpArgumentError(op, "grads", f"shape slots.shape + ({dim},) = "

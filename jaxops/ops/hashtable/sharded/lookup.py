@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import key_batch, live_slots
-from jaxops.ops.hashtable.gather import gather as gather_rows
+from jaxops.ops.hashtable.gather import SLOTS, check_slots, gather as gather_rows
 from jaxops.ops.hashtable.lookup import LookupInfo, _effective_keys, _lookup_or_insert
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
 from jaxops.ops.hashtable.sharded import call
@@ -33,7 +33,7 @@ from jaxops.ops.hashtable.sharded.policy import insert_under_policy
 from jaxops.ops.hashtable.sharded.route import RouteInfo, receive, send
 from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_sharded, owner_shard,
                                                 refuse_donate)
-from jaxops.ops.hashtable.table import Words64, as_words
+from jaxops.ops.hashtable.table import Words64, as_words, check_numeric
 
 __all__ = ["ShardedLookupInfo", "find", "gather", "locate", "lookup", "lookup_or_insert"]
 
@@ -263,6 +263,9 @@ def gather(table: ShardedHashTable, slots: jax.Array, default_value: float = 0.0
     differentiable w.r.t. ``table.values``."""
     op = "gather"
     table = check_sharded(op, table)
+    slots = check_numeric(op, "slots", slots, SLOTS, integer=True)
+    if not isinstance(slots, jax.core.Tracer):  # global slots, as for one table
+        check_slots(np.asarray(slots), table.bucket_size)
     slots = jnp.asarray(slots)
     shape = slots.shape
     flat = slots.reshape(-1).astype(jnp.int32)

@@ -32,7 +32,8 @@ from jaxops.ops.hashtable.batch import key_batch, live_slots
 from jaxops.ops.hashtable.evict import _evict_kernel
 from jaxops.ops.hashtable.import_ import FLAGS, ROWS, ImportInfo, _import_kernel
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W, EVICT, IMPORT
-from jaxops.ops.hashtable.optim.rows import _apply, add_skipped, check_update_args
+from jaxops.ops.hashtable.optim.rows import (GRADS as ROW_GRADS, SLOTS, _apply, add_skipped,
+                                             check_update_args)
 from jaxops.ops.hashtable.sharded import call
 from jaxops.ops.hashtable.sharded.lookup import (flat_words, global_slots, route_keys,
                                                  route_slots, total, where_of)
@@ -136,9 +137,14 @@ def row_optimizer_update(op: str, rule: Callable, table: ShardedHashTable, state
                          slots: Any, grads: Any, step: Any = None, *,
                          route_capacity: int | None = None, overflow: str = "expand"):
     """A row optimizer's ``update`` on a sharded table, by global slots."""
-    check_update_args(op, table.shards, jnp.asarray(slots),
-                      jnp.asarray(grads).reshape(*jnp.shape(slots), table.embedding_dim))
-    flat = jnp.asarray(slots).reshape(-1).astype(jnp.int32)
+    slots = jnp.asarray(check_numeric(op, "slots", slots, SLOTS, integer=True))
+    grads = jnp.asarray(check_numeric(op, "grads", grads, ROW_GRADS))
+    dim = table.embedding_dim
+    if grads.size != slots.size * dim:
+        raise OpArgumentError(op, "grads", f"shape slots.shape + ({dim},) = "
+                              f"{tuple(slots.shape) + (dim,)}", f"shape {tuple(grads.shape)}")
+    check_update_args(op, table.shards, slots, grads.reshape(*slots.shape, dim))
+    flat = slots.reshape(-1).astype(jnp.int32)
     n = int(flat.shape[0])
     grads = jnp.asarray(grads).reshape(n, table.embedding_dim).astype(table.values.dtype)
 
