@@ -4,7 +4,8 @@ Each routes its keys (or global slots) with their payload (gradients, rows, coun
 owner shards and runs the single-table kernel there. Optimizer state lies beside the table,
 sharded the same way (every per-slot leaf gets the leading shard axis; global scalars such
 as AdamW's beta powers are kept per shard, all equal). Counts of skipped entries are the
-single table's, per shard: ``state.skipped`` has one entry per shard (sum them).
+single table's, per shard: ``state.skipped`` is a 64-bit count with one entry per shard
+(the total: ``int(ht.to_host_int64(state.skipped, signed=False).sum())``).
 
 >>> import numpy as np, jax, jax.numpy as jnp, jaxops.hashtable as ht
 >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
@@ -15,6 +16,8 @@ single table's, per shard: ``state.skipped`` has one entry per shard (sum them).
 ...                            lr=0.1, weight_decay=0.0)
 >>> round(float(ht.find(t, np.array([5], np.int64))[0][0, 0]), 4)
 0.9
+>>> int(ht.to_host_int64(state.skipped, signed=False).sum())  # key 6 is absent
+1
 """
 
 from __future__ import annotations
