@@ -53,6 +53,7 @@ def test_sharded_embedding():
     out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
     assert out["last_loss"] < out["first_loss"]
     assert out["same_after_reshard"] and out["live"] > 0
+    assert out["route_capacity"] == 128  # one device: every key goes to it, the whole slice
 
 
 def test_click_model(tmp_path):
