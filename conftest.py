@@ -1,11 +1,51 @@
 """Doctest collection skips the optional framework layers whose framework is not installed;
-xdist workers end their session quickly enough not to be interrupted (see below)."""
+compiles are cheaper in the test session (see :func:`_cheaper_compiles`); xdist workers end
+their session quickly enough not to be interrupted (see below)."""
 
 import gc
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import pytest
+
+# XLA flags that halve the CPU compile of a test-sized program: LLVM's optimisation level
+# only (the HLO passes, float semantics and results are the same; the tests' inputs are
+# small, so slower machine code costs nothing). The sharded children use them too.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",
+                      "--xla_llvm_disable_expensive_passes=true")
+DEFAULTS_VAR = "JAXOPS_TEST_XLA_DEFAULTS"  # =1: test with XLA's default compile settings
+_OWNED_CACHE = []  # the cache directory this process made (the xdist controller's)
+
+
+def _cheaper_compiles() -> None:
+    """Makes the session's compiles cheaper, before anything imports jax.
+
+    Compiling (not running) is most of the suite's time: hundreds of small programs, many
+    of them the same program traced again by another test or another xdist worker. So:
+
+    - ``FAST_COMPILE_FLAGS`` are appended to ``XLA_FLAGS`` (kept: whatever the caller set);
+    - one JAX persistent compilation cache, fresh for the run and removed at its end, is
+      shared by the workers and the subprocesses the tests start (environment variables,
+      inherited): a program compiled once is loaded, not compiled, by the next test that
+      traces it. Nothing survives the run, so every run compiles from a clean state.
+
+    ``JAXOPS_TEST_XLA_DEFAULTS=1`` turns both off (CI runs the operator matrix that way too).
+    """
+    if os.environ.get(DEFAULTS_VAR) == "1":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *FAST_COMPILE_FLAGS]).strip()
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        _OWNED_CACHE.append(tempfile.mkdtemp(prefix="jaxops-test-compile-cache-"))
+        os.environ.update(JAX_COMPILATION_CACHE_DIR=_OWNED_CACHE[0],
+                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                          JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+_cheaper_compiles()
 
 collect_ignore = [path for path, module in (("jaxops/nnx.py", "flax"),
                                             ("jaxops/equinox.py", "equinox"))
@@ -32,3 +72,9 @@ def pytest_sessionfinish(session):
         import hypothesis.internal.observability  # noqa: F401
     gc.collect()
     gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """The process that made the run's compilation cache removes it."""
+    for path in _OWNED_CACHE:
+        shutil.rmtree(path, ignore_errors=True)

@@ -19,14 +19,14 @@ import sys
 import pytest
 
 import tests.sharded_checks as checks
+from conftest import FAST_COMPILE_FLAGS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [fn.__name__ for fn in checks.CHECKS]
-FAST_COMPILE = ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
 
 
 def _env(devices: int) -> dict:
-    flags = [f"--xla_force_host_platform_device_count={devices}", *FAST_COMPILE]
+    flags = [f"--xla_force_host_platform_device_count={devices}", *FAST_COMPILE_FLAGS]
     return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
 
 
