@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.walk_table import walk_kernel
 
 __all__ = ["gather"]
 
@@ -50,8 +51,12 @@ def _check_slots(slots: np.ndarray, rows: int) -> None:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     flat = slots.reshape(-1)
-    outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
-    rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
+    native = walk_kernel("gather_rows") if values.dtype == jnp.float32 else None
+    if native is not None and flat.dtype == jnp.int32:
+        rows = native(values, flat, default_value)  # one C++ loop with prefetching
+    else:
+        outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
+        rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
     return rows.reshape(*slots.shape, values.shape[-1])
 
 
