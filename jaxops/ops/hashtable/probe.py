@@ -174,8 +174,13 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
     Each round every unresolved key proposes its index at a fresh random position of a
     scratch array (MurmurHash3 with the round as seed); the position keeps the lowest
     index. All copies of a key share position and fate, so when the lowest index holds
-    the same key it is the key's first occurrence and all its copies resolve to it.
+    the same key it is the key's first occurrence and all its copies resolve to it. (A
+    native kernel runs instead where the walks take the native path: one pass with a hash
+    set over the batch.)
     """
+    native = walk_kernel("first_occurrences")
+    if native is not None:
+        return native(words.lo, words.hi, pending)
     n = pending.shape[0]
 
     def step(lanes, active, rnd):
