@@ -47,6 +47,7 @@ TARGETS = {
     "jaxops_hash_first": "JaxopsHashFirst",
     "jaxops_hash_place": "JaxopsHashPlace",
     "jaxops_hash_rows": "JaxopsHashRows",
+    "jaxops_hash_find_rows": "JaxopsHashFindRows",
 }
 
 

@@ -8,7 +8,8 @@ table's flags in place (the FFI call aliases them to its output; with the table 
 nothing of the table's size is copied).
 
 Batching: ``vmap_method="sequential"`` (a loop over the batch; an unbatched table is not
-broadcast). Inside ``shard_map`` each device runs the kernel on its own shard.
+broadcast). Inside ``shard_map`` each device runs the kernel on its own shard (the sharded
+tables' local steps take the native walks too).
 
 >>> import jax.numpy as jnp
 >>> from jaxops import native
@@ -25,15 +26,25 @@ import numpy as np
 
 from jaxops.core.walk_table import register_walk
 
-__all__ = ["find_slots", "first_occurrences", "gather_rows", "place_new_keys", "register"]
+__all__ = ["find_rows", "find_slots", "first_occurrences", "gather_rows", "place_new_keys",
+           "register"]
 
 i32, u8 = jnp.int32, jnp.uint8
 
 
 def _call(target: str, results, *args, aliases=None, **attrs):
     shapes = [jax.ShapeDtypeStruct(s, d) for s, d in results]
-    return jax.ffi.ffi_call(target, shapes, vmap_method="sequential",
-                            input_output_aliases=aliases)(*args, **attrs)
+    out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential",
+                           input_output_aliases=aliases)(*args, **attrs)
+    # Inside shard_map the call's outputs are typed device-invariant; they vary over the
+    # mesh axes their inputs vary over (a cast, free at run time), as xla's ops would.
+    axes = tuple(sorted(set().union(*map(_varying, args))))
+    return [jax.lax.pcast(o, axes, to="varying") for o in out] if axes else out
+
+
+def _varying(x) -> frozenset:
+    kind = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(kind.varying) if kind is not None else frozenset()
 
 
 def find_slots(key_lo, key_hi, flags, lo, hi, active):
@@ -62,7 +73,16 @@ def gather_rows(values, slots, default_value):
                  values, slots, fill=np.float32(default_value))[0]
 
 
+def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value):
+    """``(rows, slots)``: ``gather_rows`` of the live slots ``find_slots`` gives, in one pass
+    (slot -1 and ``default_value`` rows for absent keys and tombstones)."""
+    n = lo.shape[0]
+    slots, rows = _call("jaxops_hash_find_rows", [((n,), i32), ((n, values.shape[1]), jnp.float32)],
+                        key_lo, key_hi, flags, values, lo, hi, fill=np.float32(default_value))
+    return rows, slots
+
+
 def register() -> None:
     """Registers each walk as the ``native`` backend's in the core's walk table."""
-    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows):
+    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows):
         register_walk(walk.__name__, "native", walk)

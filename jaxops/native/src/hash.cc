@@ -7,7 +7,8 @@
 //   JaxopsHashFirst  first_occurrences: the first pending index holding the same key;
 //   JaxopsHashPlace  place_new_keys: distinct absent keys placed in ascending index order,
 //                    each in the first reusable slot not taken by a lower index;
-//   JaxopsHashRows   gather: rows of the slots, a default row where the slot is -1.
+//   JaxopsHashRows   gather: rows of the slots, a default row where the slot is -1;
+//   JaxopsHashFindRows  find: the two above in one pass (live slots and their rows).
 // Place marks the slots it hands out with PENDING in the table's flags (aliased: the flags
 // buffer is updated in place, O(batch)); the caller overwrites every placed slot's flags,
 // as it does after the xla walk, whose scratch covers the same slots.
@@ -201,6 +202,71 @@ ffi::Error HashRows(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> slots,
   return ffi::Error::Success();
 }
 
+// find_slots + gather in one pass: the live slot of each key (-1: absent or a tombstone)
+// and its row (fill where -1). Three stages a key apart by kAhead: hash and request the
+// key's table lines; walk it (its lines arrived) and request its row; copy the row.
+ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
+                        ffi::Buffer<ffi::U8> flags, ffi::Buffer<ffi::F32> values,
+                        ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
+                        ffi::Result<ffi::Buffer<ffi::S32>> slot,
+                        ffi::Result<ffi::Buffer<ffi::F32>> rows, float fill) {
+  const int64_t size = flags.element_count(), n = lo.element_count();
+  auto vd = values.dimensions();
+  if (key_lo.element_count() != size || key_hi.element_count() != size || vd.size() != 2 ||
+      vd[0] != size || hi.element_count() != n || slot->element_count() != n ||
+      rows->element_count() != n * vd[1])
+    return bad("HashFindRows: table arrays [bucket_size], values [bucket_size, dim], keys [N]");
+  const int64_t dim = vd[1];
+  const uint32_t* klo = key_lo.typed_data();
+  const uint32_t* khi = key_hi.typed_data();
+  const uint8_t* fl = flags.typed_data();
+  const float* v = values.typed_data();
+  const uint32_t* ql = lo.typed_data();
+  const uint32_t* qh = hi.typed_data();
+  int32_t* out_slot = slot->typed_data();
+  float* out = rows->typed_data();
+  advise_huge_pages(out, rows->size_bytes());
+  const uint32_t usize = static_cast<uint32_t>(size);
+  std::vector<uint32_t> homes(kAhead);
+  auto ask = [&](int64_t j) {
+    const uint32_t h = murmur(ql[j], qh[j]) % usize;
+    homes[j % kAhead] = h;
+    prefetch(fl + h);
+    prefetch(klo + h);
+    prefetch(khi + h);
+  };
+  auto walk = [&](int64_t j) {
+    const int64_t home = homes[j % kAhead];
+    int32_t found = -1;
+    for (int64_t d = 0; d < size; ++d) {
+      const int64_t s = wrap(home + d, size);
+      const uint8_t f = fl[s];
+      if (f == 0) break;
+      if (klo[s] == ql[j] && khi[s] == qh[j]) {
+        if (!(f & kEvicted)) found = static_cast<int32_t>(s);
+        break;
+      }
+    }
+    out_slot[j] = found;
+    if (found >= 0) prefetch(v + int64_t{found} * dim);
+  };
+  for (int64_t j = 0; j < std::min<int64_t>(kAhead, n); ++j) ask(j);
+  for (int64_t i = -kAhead; i < n; ++i) {
+    const int64_t j = i + kAhead;  // walked now; i: copied now
+    if (j < n) {
+      walk(j);
+      if (j + kAhead < n) ask(j + kAhead);
+    }
+    if (i < 0) continue;
+    const int32_t at = out_slot[i];
+    if (at >= 0)
+      std::memcpy(out + i * dim, v + int64_t{at} * dim, dim * sizeof(float));
+    else
+      std::fill(out + i * dim, out + (i + 1) * dim, fill);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxops
 
@@ -238,5 +304,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashRows, jaxops::HashRows,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Attr<float>("fill"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashFindRows, jaxops::HashFindRows,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U8>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Attr<float>("fill"));

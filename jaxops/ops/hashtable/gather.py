@@ -19,7 +19,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.walk_table import walk_kernel
 
-__all__ = ["gather"]
+__all__ = ["gather", "probed_rows"]
 
 
 def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
@@ -74,3 +74,30 @@ def _gather_bwd(default_value, res, cotangent):
 
 
 _gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def probed_rows(kernel, values: jax.Array, probe: tuple, default_value: float = 0.0
+                ) -> tuple[jax.Array, jax.Array]:
+    """``(rows, slots)`` from a kernel that finds slots and reads their rows in one pass
+    (``kernel(values, *probe, default_value)``, the ``find_rows`` walk), differentiable
+    w.r.t. ``values`` as :func:`gather` is (the integer ``probe`` arrays get no cotangent)."""
+    return _probed(kernel, default_value, values, *probe)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _probed(kernel, default_value, values, *probe):
+    return kernel(values, *probe, default_value)
+
+
+def _probed_fwd(kernel, default_value, values, *probe):
+    rows, slots = kernel(values, *probe, default_value)
+    return (rows, slots), (slots, values)
+
+
+def _probed_bwd(kernel, default_value, res, cotangents):
+    grad = _gather_bwd(default_value, res, cotangents[0])[0]
+    return (grad,) + (None,) * _PROBE_ARGS
+
+
+_PROBE_ARGS = 5  # the find_rows walk's probe: key_lo, key_hi, flags, lo, hi
+_probed.defvjp(_probed_fwd, _probed_bwd)
