@@ -40,6 +40,19 @@ inline uint32_t murmur(uint32_t lo, uint32_t hi, uint32_t seed = 0) {
   return h ^ (h >> 16);
 }
 
+// a % d for a fixed d without a division (Lemire's fastmod; exact for every 32-bit a, d).
+class ModBy {
+ public:
+  explicit ModBy(uint32_t d) : m_(~uint64_t{0} / d + 1), d_(d) {}
+  uint32_t operator()(uint32_t a) const {
+    return static_cast<uint32_t>((static_cast<unsigned __int128>(m_ * a) * d_) >> 64);
+  }
+
+ private:
+  uint64_t m_;
+  uint32_t d_;
+};
+
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
 
 inline int64_t wrap(int64_t s, int64_t size) { return s >= size ? s - size : s; }
@@ -64,11 +77,11 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
   int32_t* out_dist = dist->typed_data();
   uint8_t* out_flags = found_flags->typed_data();
   int32_t* out_reuse = reuse->typed_data();
-  const uint32_t usize = static_cast<uint32_t>(size);
+  const ModBy mod(static_cast<uint32_t>(size));
   // Homes of the next kAhead keys, computed once, their cache lines requested early.
   std::vector<uint32_t> ring(kAhead);
   auto ask = [&](int64_t j) {
-    const uint32_t h = murmur(ql[j], qh[j]) % usize;
+    const uint32_t h = mod(murmur(ql[j], qh[j]));
     ring[j % kAhead] = h;
     prefetch(fl + h);
     prefetch(klo + h);
@@ -115,27 +128,29 @@ ffi::Error HashFirst(ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
   int32_t* out = first->typed_data();
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;
-  Scratch<int32_t> seen(cap);  // open addressing over batch indices; -1: free
-  std::fill(seen.get(), seen.get() + cap, -1);
-  int32_t* tab = seen.get();
-  const uint64_t mask = static_cast<uint64_t>(cap - 1);
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<int32_t>(i);
-    if (!on[i]) continue;
-    const uint32_t a = ql[i], b = qh[i];
-    for (uint64_t p = murmur(a, b) & mask;; p = (p + 1) & mask) {
-      const int32_t j = tab[p];
-      if (j < 0) {
-        tab[p] = static_cast<int32_t>(i);
-        break;
-      }
-      if (ql[j] == a && qh[j] == b) {
-        out[i] = j;
-        break;
+  return guarded("HashFirst", [&] {
+    Scratch<int32_t> seen(cap);  // open addressing over batch indices; -1: free
+    std::fill(seen.get(), seen.get() + cap, -1);
+    int32_t* tab = seen.get();
+    const uint64_t mask = static_cast<uint64_t>(cap - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = static_cast<int32_t>(i);
+      if (!on[i]) continue;
+      const uint32_t a = ql[i], b = qh[i];
+      for (uint64_t p = murmur(a, b) & mask;; p = (p + 1) & mask) {
+        const int32_t j = tab[p];
+        if (j < 0) {
+          tab[p] = static_cast<int32_t>(i);
+          break;
+        }
+        if (ql[j] == a && qh[j] == b) {
+          out[i] = j;
+          break;
+        }
       }
     }
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error HashPlace(ffi::Buffer<ffi::U8> flags_in, ffi::Buffer<ffi::S32> home,
@@ -202,9 +217,12 @@ ffi::Error HashRows(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> slots,
   return ffi::Error::Success();
 }
 
-// find_slots + gather in one pass: the live slot of each key (-1: absent or a tombstone)
-// and its row (fill where -1). Three stages a key apart by kAhead: hash and request the
-// key's table lines; walk it (its lines arrived) and request its row; copy the row.
+// find_slots + gather in one call: the live slot of each key (-1: absent or a tombstone)
+// and its row (fill where -1). Keys are walked in the order of their home slots (a
+// counting sort by home region, O(batch) scratch), so the table's key, flag and value
+// lines are read nearly in address order, each once for the several keys it serves,
+// instead of four random cache lines per key; only the row written to the output lands
+// at a random place, as a dense gather's read does.
 ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
                         ffi::Buffer<ffi::U8> flags, ffi::Buffer<ffi::F32> values,
                         ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
@@ -226,45 +244,63 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
   int32_t* out_slot = slot->typed_data();
   float* out = rows->typed_data();
   advise_huge_pages(out, rows->size_bytes());
-  const uint32_t usize = static_cast<uint32_t>(size);
-  std::vector<uint32_t> homes(kAhead);
-  auto ask = [&](int64_t j) {
-    const uint32_t h = murmur(ql[j], qh[j]) % usize;
-    homes[j % kAhead] = h;
-    prefetch(fl + h);
-    prefetch(klo + h);
-    prefetch(khi + h);
+  const ModBy mod(static_cast<uint32_t>(size));
+  // Regions of about 128 KB of table (keys, flags, rows) stay in cache while their keys
+  // are walked; at most 1024 of them, so the sort writes to few enough places at once
+  // (each a different page: more would miss the TLB on every write).
+  const int64_t region_slots = std::max<int64_t>(256, (int64_t{1} << 17) / (4 * dim + 9));
+  int shift = 0;
+  while ((int64_t{1} << shift) < region_slots || ((size - 1) >> shift) >= 1024 ||
+         (((size - 1) >> shift) + 1) * 64 > n + 64)
+    if (++shift >= 31) break;
+  const int64_t regions = ((size - 1) >> shift) + 1;
+  auto region = [&](uint32_t h) { return static_cast<int64_t>(h >> shift); };
+  struct Entry {
+    uint32_t lo, hi, home, index;
   };
-  auto walk = [&](int64_t j) {
-    const int64_t home = homes[j % kAhead];
-    int32_t found = -1;
-    for (int64_t d = 0; d < size; ++d) {
-      const int64_t s = wrap(home + d, size);
-      const uint8_t f = fl[s];
-      if (f == 0) break;
-      if (klo[s] == ql[j] && khi[s] == qh[j]) {
-        if (!(f & kEvicted)) found = static_cast<int32_t>(s);
-        break;
+  return guarded("HashFindRows", [&] {
+    Scratch<uint32_t> homes(n);
+    Scratch<Entry> sorted(n);  // the keys in region order, read in sequence below
+    std::vector<int64_t> start(regions + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t h = mod(murmur(ql[i], qh[i]));
+      homes.get()[i] = h;
+      ++start[region(h) + 1];
+    }
+    for (int64_t r = 0; r < regions; ++r) start[r + 1] += start[r];
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t h = homes.get()[i];
+      sorted.get()[start[region(h)]++] = Entry{ql[i], qh[i], h, static_cast<uint32_t>(i)};
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      if (k + kAhead < n) {  // the lines kAhead keys later, asked for now: the output's,
+        const Entry& later = sorted.get()[k + kAhead];  // and the row at the home slot
+        __builtin_prefetch(out + int64_t{later.index} * dim, 1, 1);
+        __builtin_prefetch(out_slot + later.index, 1, 1);
+        prefetch(v + int64_t{later.home} * dim);
+      }
+      const Entry e = sorted.get()[k];
+      int32_t found = -1;
+      for (int64_t d = 0; d < size; ++d) {
+        const int64_t s = wrap(int64_t{e.home} + d, size);
+        const uint8_t f = fl[s];
+        if (f == 0) break;  // empty: absent
+        if (klo[s] == e.lo && khi[s] == e.hi) {
+          if (!(f & kEvicted)) found = static_cast<int32_t>(s);
+          break;
+        }
+      }
+      out_slot[e.index] = found;
+      float* row = out + int64_t{e.index} * dim;
+      if (found >= 0) {
+        const float* from = v + int64_t{found} * dim;
+        for (int64_t c = 0; c < dim; ++c) row[c] = from[c];  // short rows: no memcpy call
+      } else {
+        std::fill(row, row + dim, fill);
       }
     }
-    out_slot[j] = found;
-    if (found >= 0) prefetch(v + int64_t{found} * dim);
-  };
-  for (int64_t j = 0; j < std::min<int64_t>(kAhead, n); ++j) ask(j);
-  for (int64_t i = -kAhead; i < n; ++i) {
-    const int64_t j = i + kAhead;  // walked now; i: copied now
-    if (j < n) {
-      walk(j);
-      if (j + kAhead < n) ask(j + kAhead);
-    }
-    if (i < 0) continue;
-    const int32_t at = out_slot[i];
-    if (at >= 0)
-      std::memcpy(out + i * dim, v + int64_t{at} * dim, dim * sizeof(float));
-    else
-      std::fill(out + i * dim, out + (i + 1) * dim, fill);
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace
