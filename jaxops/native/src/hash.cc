@@ -133,11 +133,19 @@ ffi::Error HashFirst(ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
     std::fill(seen.get(), seen.get() + cap, -1);
     int32_t* tab = seen.get();
     const uint64_t mask = static_cast<uint64_t>(cap - 1);
+    std::vector<uint32_t> ring(kAhead);  // hashes of the next kAhead keys, lines asked for
+    auto ask = [&](int64_t j) {
+      ring[j % kAhead] = murmur(ql[j], qh[j]);
+      prefetch(tab + (ring[j % kAhead] & mask));
+    };
+    for (int64_t j = 0; j < std::min<int64_t>(kAhead, n); ++j) ask(j);
     for (int64_t i = 0; i < n; ++i) {
+      const uint32_t hash = ring[i % kAhead];
+      if (i + kAhead < n) ask(i + kAhead);
       out[i] = static_cast<int32_t>(i);
       if (!on[i]) continue;
       const uint32_t a = ql[i], b = qh[i];
-      for (uint64_t p = murmur(a, b) & mask;; p = (p + 1) & mask) {
+      for (uint64_t p = hash & mask;; p = (p + 1) & mask) {
         const int32_t j = tab[p];
         if (j < 0) {
           tab[p] = static_cast<int32_t>(i);
