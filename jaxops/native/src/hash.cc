@@ -227,10 +227,10 @@ ffi::Error HashRows(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> slots,
 
 // find_slots + gather in one call: the live slot of each key (-1: absent or a tombstone)
 // and its row (fill where -1). Keys are walked in the order of their home slots (a
-// counting sort by home region, O(batch) scratch), so the table's key, flag and value
-// lines are read nearly in address order, each once for the several keys it serves,
-// instead of four random cache lines per key; only the row written to the output lands
-// at a random place, as a dense gather's read does.
+// counting sort by home region, O(batch) scratch), so the table's key and flag lines are
+// read nearly in address order, each once for the several keys it serves, instead of
+// three random cache lines per key; then the rows are copied in input order, as a dense
+// gather does (one random line read per key, prefetched ahead).
 ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
                         ffi::Buffer<ffi::U8> flags, ffi::Buffer<ffi::F32> values,
                         ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
@@ -253,8 +253,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
   float* out = rows->typed_data();
   advise_huge_pages(out, rows->size_bytes());
   const ModBy mod(static_cast<uint32_t>(size));
-  // Regions of about 128 KB of table (keys, flags, rows) stay in cache while their keys
-  // are walked; at most 1024 of them, so the sort writes to few enough places at once
+  // Regions of about 128 KB of table stay in cache while their keys are walked; at most 1024 of them, so the sort writes to few enough places at once
   // (each a different page: more would miss the TLB on every write).
   const int64_t region_slots = std::max<int64_t>(256, (int64_t{1} << 17) / (4 * dim + 9));
   int shift = 0;
@@ -280,13 +279,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
       const uint32_t h = homes.get()[i];
       sorted.get()[start[region(h)]++] = Entry{ql[i], qh[i], h, static_cast<uint32_t>(i)};
     }
-    for (int64_t k = 0; k < n; ++k) {
-      if (k + kAhead < n) {  // the lines kAhead keys later, asked for now: the output's,
-        const Entry& later = sorted.get()[k + kAhead];  // and the row at the home slot
-        __builtin_prefetch(out + int64_t{later.index} * dim, 1, 1);
-        __builtin_prefetch(out_slot + later.index, 1, 1);
-        prefetch(v + int64_t{later.home} * dim);
-      }
+    for (int64_t k = 0; k < n; ++k) {  // the walks, in region order: slots only
       const Entry e = sorted.get()[k];
       int32_t found = -1;
       for (int64_t d = 0; d < size; ++d) {
@@ -299,9 +292,15 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
         }
       }
       out_slot[e.index] = found;
-      float* row = out + int64_t{e.index} * dim;
-      if (found >= 0) {
-        const float* from = v + int64_t{found} * dim;
+    }
+    // The rows, in input order (written in sequence; the rows read kAhead keys ahead).
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && out_slot[i + kAhead] >= 0)
+        prefetch(v + int64_t{out_slot[i + kAhead]} * dim);
+      const int32_t at = out_slot[i];
+      float* row = out + i * dim;
+      if (at >= 0) {
+        const float* from = v + int64_t{at} * dim;
         for (int64_t c = 0; c < dim; ++c) row[c] = from[c];  // short rows: no memcpy call
       } else {
         std::fill(row, row + dim, fill);
