@@ -29,7 +29,7 @@ def _extensions() -> list[Extension]:
     src = os.path.join("jaxops", "native", "src")
     return [Extension(
         "jaxops.native._jaxops_native",
-        sources=[os.path.join(src, f) for f in ("compaction.cc", "nms.cc", "unique.cc")],
+        sources=[os.path.join(src, f) for f in ("compaction.cc", "hash.cc", "nms.cc", "unique.cc")],
         depends=[os.path.join(src, "common.h")],
         include_dirs=[src],
         # -isystem: jaxlib's headers warn under -Wall; -ffp-contract=off: no fused

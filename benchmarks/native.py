@@ -96,7 +96,59 @@ def unique_cases(rng, quick: bool, repeats: int) -> list[Result]:
                  "np.unique", lambda: np.unique(u), 1.0, repeats)
 
 
-def run(quick: bool = False, cases=(nms_cases, compaction_cases, unique_cases)) -> list[Result]:
+def hash_cases(rng, quick: bool, repeats: int) -> list[Result]:
+    """Hash-table walks (issue 18): ``find`` of 1M present keys in a 2M-slot table (dim 8)
+    on native and on xla walks, each against ``jnp.take`` of as many rows of a dense array
+    of the table's size (target <= 1.5); ``lookup_or_insert`` of 1M new keys into the empty
+    table, jitted, native walks against xla walks (target: >= 3x the rate, a time ratio
+    <= 1/3). The walk path is fixed when a function is traced (``use_backend("xla")``), so
+    each path's functions are compiled ahead, after clearing jit's caches."""
+    import jax.numpy as jnp
+
+    import jaxops.hashtable as ht
+    from jaxops import native as lib
+
+    size, batch, dim = (20_000, 10_000, 8) if quick else (2_000_000, 1_000_000, 8)
+    keys = rng.choice(2**62, batch, replace=False).astype(np.int64) - 2**61
+    init = rng.standard_normal((size, dim)).astype(np.float32)
+    empty = ht.init_table(size, dim, sampled_values=init)
+    new_keys = ht.as_words(keys, "benchmark", "keys")
+    present = ht.as_words(rng.permutation(keys), "benchmark", "keys")
+    dense, rows = jnp.asarray(init), jnp.asarray(rng.integers(0, size, batch).astype(np.int32))
+    take = jax.jit(lambda d, i: jnp.take(d, i, axis=0))
+
+    def traced(path):  # compiled ahead: jit caches (inner jits too) ignore use_backend
+        jax.clear_caches()
+        with jaxops.use_backend(path):
+            insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0]).lower(empty, new_keys)
+            find = jax.jit(lambda t, k: ht.find(t, k)).lower(empty, present)
+        return insert.compile(), find.compile()
+
+    paths = ["native", "xla"] if lib.available() else ["xla"]
+    fns = {p: traced(p) for p in paths}
+    table = jax.block_until_ready(fns[paths[0]][0](empty, new_keys))
+    assert int(table.live) == batch and int(table.dropped) == 0
+    if len(paths) == 2:  # same answers on both paths before timing
+        jax.tree_util.tree_map(np.testing.assert_array_equal, fns["native"][1](table, present),
+                               fns["xla"][1](table, present))
+        jax.tree_util.tree_map(np.testing.assert_array_equal, fns["native"][0](empty, new_keys),
+                               table)
+    n = f"{batch / 1e6:g}M"
+    results = [compare(f"hash find {n} keys, {size / 1e6:g}M slots [{p}]",
+                       lambda f=fns[p][1]: f(table, present), "jnp.take rows",
+                       lambda: take(dense, rows), 1.5 if p == "native" else None, repeats)
+               for p in paths]
+    if len(paths) == 2:
+        ins = compare(f"lookup_or_insert {n} new keys [native]",
+                      lambda: fns["native"][0](empty, new_keys), "same on xla walks",
+                      lambda: fns["xla"][0](empty, new_keys), 1 / 3, repeats)
+        ins.note = f"{ins.peer_s / ins.ours_s:.2f}x the xla walks' rate (target >= 3x)"
+        results.append(ins)
+    return results
+
+
+def run(quick: bool = False, cases=(nms_cases, compaction_cases, unique_cases, hash_cases)
+        ) -> list[Result]:
     """Every case of the issue's table (smaller inputs with ``quick``); ``cases`` picks some
     (``python -c "from benchmarks import native, common; common.report(native.run(cases=[
     native.unique_cases]), None)"``)."""

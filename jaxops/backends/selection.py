@@ -46,7 +46,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jaxops.core import backend_table
+from jaxops.core import backend_table, walk_table
 from jaxops.core.backend_table import (AUTOMATIC, ENV_VAR, Selection, backend_names,
                                        backend_status, use_backend)
 from jaxops.core.registry import OpDef, get_op, list_ops
@@ -114,5 +114,14 @@ def explain(op: OpDef | str, requested: str | None = None,
             inputs: Sequence[Any] | None = None,
             attrs: dict[str, Any] | None = None) -> Selection:
     """What a call of ``op`` would run on here and now, and why (``str()`` it to read;
-    the module docstring has an example)."""
-    return select(op, requested, inputs, attrs)
+    the module docstring has an example). For a hash-table operator it also says which
+    path the table walks take (native C++ kernels or xla; :mod:`jaxops.core.walk_table`).
+
+    >>> "Hash probing: " in str(explain("EmbeddingHashTableLookupOrInsert"))
+    True
+    """
+    chosen = select(op, requested, inputs, attrs)
+    if chosen.op not in walk_table.probing_ops():
+        return chosen
+    path, why = walk_table.walk_path()
+    return dataclasses.replace(chosen, probing=f"{path} ({why})")

@@ -34,7 +34,8 @@ from jaxops.core.errors import BackendUnavailableError, DuplicateBackendError
 
 __all__ = [
     "AUTOMATIC", "DEFAULT_BACKEND", "ENV_VAR", "BackendEntry", "Selection", "backend_entry",
-    "backend_names", "backend_status", "op_support", "register_backend", "select",
+    "backend_names", "backend_status", "op_support", "register_backend", "requested_backend",
+    "select",
     "select_backend", "use_backend",
 ]
 
@@ -125,12 +126,13 @@ class Selection:
     source: str
     reason: str
     passed_over: tuple[tuple[str, str], ...] = ()
+    probing: str = ""  # hash-table ops: which path their walks take (core.walk_table)
 
     def __str__(self) -> str:
         text = f"{self.op} runs on {self.backend!r} ({self.source}): {self.reason}."
         for name, why in self.passed_over:
             text += f" Not {name!r}: {why}."
-        return text
+        return text + (f" Hash probing: {self.probing}." if self.probing else "")
 
 
 def _check_available(name: str, source: str) -> None:
@@ -143,7 +145,9 @@ def _check_available(name: str, source: str) -> None:
                                       f"{reason}.{_TABLE[name].unavailable_hint}")
 
 
-def _request() -> tuple[str | None, str]:
+def requested_backend() -> tuple[str | None, str]:
+    """The backend asked for by :func:`use_backend` or ``JAXOPS_BACKEND`` (``None``:
+    automatic) and where the request comes from."""
     scoped = _scope.get()
     if scoped == AUTOMATIC:
         return None, "automatic"
@@ -158,7 +162,8 @@ def _request() -> tuple[str | None, str]:
 def select(op: _Op, requested: str | None = None, inputs: Sequence[Any] | None = None,
            attrs: dict[str, Any] | None = None) -> Selection:
     """The backend a call of ``op`` runs on, with the reason (see the module docstring)."""
-    name, source = (requested, "backend= argument") if requested is not None else _request()
+    name, source = ((requested, "backend= argument") if requested is not None
+                    else requested_backend())
     if name is not None:
         _check_available(name, source)
         ok, why = op_support(op, name, inputs, attrs)

@@ -27,6 +27,7 @@ import os
 import jax
 
 from jaxops.core.backend_table import BackendEntry, register_backend
+from jaxops.native import hash_walks as _hash_walks
 from jaxops.native import kernels as _kernels
 
 __all__ = ["ENV_VAR", "TARGETS", "available", "library_path", "status", "why_unavailable"]
@@ -42,6 +43,11 @@ TARGETS = {
     "jaxops_batched_nms": "JaxopsBatchedNms",
     "jaxops_unique": "JaxopsUnique",
     "jaxops_unique_values": "JaxopsUniqueValues",
+    "jaxops_hash_find": "JaxopsHashFind",
+    "jaxops_hash_first": "JaxopsHashFirst",
+    "jaxops_hash_place": "JaxopsHashPlace",
+    "jaxops_hash_rows": "JaxopsHashRows",
+    "jaxops_hash_find_rows": "JaxopsHashFindRows",
 }
 
 
@@ -98,3 +104,4 @@ def why_unavailable() -> str:
 register_backend(BackendEntry("native", status, supports=_kernels.supports, auto_priority=50,
                               auto_reason="its C++ FFI kernel is built and serves the call"))
 _kernels.register()
+_hash_walks.register()

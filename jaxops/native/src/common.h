@@ -112,6 +112,16 @@ inline ffi::Error bad(const std::string& what) {
   return ffi::Error::InvalidArgument("jaxops native: " + what);
 }
 
+// Runs fn, turning a failed allocation into an error (no exception crosses the FFI).
+template <typename Fn>
+ffi::Error guarded(const std::string& op, Fn fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jaxops native: " + op + ": out of memory");
+  }
+}
+
 inline int64_t product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
   int64_t p = 1;
   for (size_t i = begin; i < end; ++i) p *= dims[i];

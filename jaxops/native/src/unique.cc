@@ -213,16 +213,6 @@ ffi::Error with_float_bits(ffi::DataType t, Fn fn) {
   }
 }
 
-// Runs fn, turning a failed allocation into an error (no exception crosses the FFI).
-template <typename Fn>
-ffi::Error guarded(Fn fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jaxops native: Unique: out of memory");
-  }
-}
-
 ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                         ffi::Result<ffi::Buffer<ffi::S32>> total, bool equal_nan) {
   auto xd = x.dimensions(), yd = y->dimensions();
@@ -233,7 +223,7 @@ ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   advise_huge_pages(y->untyped_data(), y->size_bytes());
   return with_float_bits(x.element_type(), [&](auto utag, auto inf) {
     using U = decltype(utag);
-    return guarded([&] {
+    return guarded("Unique", [&] {
       for (int64_t b = 0; b < batch; ++b)
         unique_values<U>(static_cast<const U*>(x.untyped_data()) + b * n, n, Keys<U>{inf},
                          equal_nan, cap, static_cast<U*>(y->untyped_data()) + b * cap,
@@ -264,7 +254,7 @@ ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<f
     Idx* f = static_cast<Idx*>(first->untyped_data());
     Idx* v = static_cast<Idx*>(inverse->untyped_data());
     Idx* c = static_cast<Idx*>(counts->untyped_data());
-    return guarded([&] {
+    return guarded("Unique", [&] {
       for (int64_t b = 0; b < batch; ++b)
         unique_impl<U, Idx>(xs + b * n, n, Keys<U>{static_cast<U>(inf)}, equal_nan, sorted, cap,
                             ys + b * cap, f + b * cap, v + b * n, c + b * cap,

@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.table import check_numeric
 
-__all__ = ["check_slots", "gather"]
+__all__ = ["check_slots", "gather", "probed_rows"]
 
 SLOTS = "an integer array of slots (e.g. lookup_or_insert's info.slots; -1 = absent)"
 
@@ -55,8 +56,12 @@ def check_slots(slots: np.ndarray, rows: int) -> None:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     flat = slots.reshape(-1)
-    outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
-    rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
+    native = walk_kernel("gather_rows") if values.dtype == jnp.float32 else None
+    if native is not None and flat.dtype == jnp.int32:
+        rows = native(values, flat, default_value)  # one C++ loop with prefetching
+    else:
+        outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
+        rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
     return rows.reshape(*slots.shape, values.shape[-1])
 
 
@@ -74,3 +79,30 @@ def _gather_bwd(default_value, res, cotangent):
 
 
 _gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def probed_rows(kernel, values: jax.Array, probe: tuple, default_value: float = 0.0
+                ) -> tuple[jax.Array, jax.Array]:
+    """``(rows, slots)`` from a kernel that finds slots and reads their rows in one pass
+    (``kernel(values, *probe, default_value)``, the ``find_rows`` walk), differentiable
+    w.r.t. ``values`` as :func:`gather` is (the integer ``probe`` arrays get no cotangent)."""
+    return _probed(kernel, default_value, values, *probe)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _probed(kernel, default_value, values, *probe):
+    return kernel(values, *probe, default_value)
+
+
+def _probed_fwd(kernel, default_value, values, *probe):
+    rows, slots = kernel(values, *probe, default_value)
+    return (rows, slots), (slots, values)
+
+
+def _probed_bwd(kernel, default_value, res, cotangents):
+    grad = _gather_bwd(default_value, res, cotangents[0])[0]
+    return (grad,) + (None,) * _PROBE_ARGS
+
+
+_PROBE_ARGS = 5  # the find_rows walk's probe: key_lo, key_hi, flags, lo, hi
+_probed.defvjp(_probed_fwd, _probed_bwd)

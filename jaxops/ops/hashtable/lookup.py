@@ -29,9 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
                                         key_batch, live_slots, set_rows)
-from jaxops.ops.hashtable.gather import gather
+from jaxops.ops.hashtable.gather import gather, probed_rows
 from jaxops.ops.hashtable.lanes import while_loop
 from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
@@ -109,8 +110,20 @@ def find(table: HashTable, keys: Any, *, default_value: float = 0.0
         bool ``keys.shape``.
     """
     table = check_table("find", table)
-    slots = _slots_of("find", table, keys)
-    return gather(table.values, slots, float(default_value)), slots >= 0
+    batch = key_batch("find", keys, table.bucket_size, key_dtype=table.key_dtype)
+    rows, slots = _find(table, batch, float(default_value))
+    return rows.reshape(*batch.shape, table.embedding_dim), (slots >= 0).reshape(batch.shape)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _find(table, batch, default_value):
+    """Rows and live slots; one native pass (probe and read) where the walks are native."""
+    fused = walk_kernel("find_rows")
+    if fused is not None:
+        return probed_rows(fused, table.values, (table.key_lo, table.key_hi, table.flags,
+                                                 batch.words.lo, batch.words.hi), default_value)
+    slots = live_slots(table, batch)
+    return gather(table.values, slots, default_value), slots
 
 
 def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filter",

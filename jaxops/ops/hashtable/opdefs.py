@@ -12,6 +12,7 @@ import jax
 
 from jaxops.core.dtypes import DataType
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
+from jaxops.core.walk_table import uses_walks
 
 
 def _non_negative(v) -> bool:
@@ -126,3 +127,7 @@ APPLY_ADAM_W = register_op(OpDef(
     attrs=[AttrDef("amsgrad", "bool", False), AttrDef("maximize", "bool", False)],
     doc="In-table AdamW on the rows of keys (decoupled weight decay, bias correction).",
 ))
+
+# Operators built from the table walks: explain() names the walks' path (native or xla).
+for _op in (LOOKUP_OR_INSERT, IMPORT, EVICT, APPLY_ADAM_W):
+    uses_walks(_op.name)

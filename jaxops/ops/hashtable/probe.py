@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.lanes import drain, retired_values
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
 from jaxops.ops.hashtable.table import EVICTED, HashTable, Words64
@@ -89,7 +90,14 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse:
         empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1). With
         ``track_reuse`` also int32 ``reuse``: the distance of the first tombstone of another
         key the walk passed (``bucket_size``: none).
+
+    A registered native kernel (:mod:`jaxops.core.walk_table`) runs instead where the walks
+    take the native path; it returns the same values.
     """
+    native = walk_kernel("find_slots")
+    if native is not None:
+        found = native(table.key_lo, table.key_hi, table.flags, words.lo, words.hi, active)
+        return tuple(found) if track_reuse else tuple(found[:3])
     n = active.shape[0]
     slot, dist, flags = jnp.full(n, -1, jnp.int32), jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.uint8)
     lanes = {"lo": words.lo, "hi": words.hi, "dist": dist, "slot": slot, "flags": flags}
@@ -166,8 +174,13 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
     Each round every unresolved key proposes its index at a fresh random position of a
     scratch array (MurmurHash3 with the round as seed); the position keeps the lowest
     index. All copies of a key share position and fate, so when the lowest index holds
-    the same key it is the key's first occurrence and all its copies resolve to it.
+    the same key it is the key's first occurrence and all its copies resolve to it. (A
+    native kernel runs instead where the walks take the native path: one pass with a hash
+    set over the batch.)
     """
+    native = walk_kernel("first_occurrences")
+    if native is not None:
+        return native(words.lo, words.hi, pending)
     n = pending.shape[0]
 
     def step(lanes, active, rnd):
@@ -217,9 +230,17 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         ``(slot_of, key_lo, flags)``: int32 ``[N]`` slot of each placed key (-1: not placed,
         the table is full); the two table arrays with the scratch described above, which the
         caller must overwrite at every placed slot.
+
+    Where the walks take the native path a C++ loop places the keys in index order (the
+    loop this walk reproduces): it marks the slots it hands out with PENDING in ``flags``,
+    in place, and leaves ``key_lo`` as it is; the caller's writes erase the marks alike.
     """
     n, size = home.shape[0], flags.shape[0]
     own = jnp.full(n, -1, jnp.int32) if own is None else own
+    native = walk_kernel("place_new_keys")
+    if native is not None:
+        slot_of, flags = native(flags, home, start, pending, own)
+        return slot_of, key_lo, flags
 
     w = min(PLACE_WINDOW, size)
     k = jnp.arange(w, dtype=jnp.int32)

@@ -1,0 +1,88 @@
+"""The native kernels of the hash tables' walks (``src/hash.cc``), registered into the core's
+walk table (:mod:`jaxops.core.walk_table`), where the hash ops look them up when traced.
+
+Each function takes and returns what the xla walk of the same name in
+``jaxops/ops/hashtable/probe.py`` (``gather.py`` for ``gather_rows``) computes, bit for bit:
+plain arrays, so this module needs nothing of the ops. ``place_new_keys`` updates the
+table's flags in place (the FFI call aliases them to its output; with the table donated
+nothing of the table's size is copied).
+
+Batching: ``vmap_method="sequential"`` (a loop over the batch; an unbatched table is not
+broadcast). Inside ``shard_map`` each device runs the kernel on its own shard (the sharded
+tables' local steps take the native walks too).
+
+>>> import jax.numpy as jnp
+>>> from jaxops import native
+>>> not native.available() or first_occurrences(jnp.array([5, 7, 5], jnp.uint32),
+...     jnp.zeros(3, jnp.uint32), jnp.ones(3, bool)).tolist() == [0, 1, 0]
+True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.core.walk_table import register_walk
+
+__all__ = ["find_rows", "find_slots", "first_occurrences", "gather_rows", "place_new_keys",
+           "register"]
+
+i32, u8 = jnp.int32, jnp.uint8
+
+
+def _call(target: str, results, *args, aliases=None, **attrs):
+    shapes = [jax.ShapeDtypeStruct(s, d) for s, d in results]
+    out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential",
+                           input_output_aliases=aliases)(*args, **attrs)
+    # Inside shard_map the call's outputs are typed device-invariant; they vary over the
+    # mesh axes their inputs vary over (a cast, free at run time), as xla's ops would.
+    axes = tuple(sorted(set().union(*map(_varying, args))))
+    return [jax.lax.pcast(o, axes, to="varying") for o in out] if axes else out
+
+
+def _varying(x) -> frozenset:
+    kind = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(kind.varying) if kind is not None else frozenset()
+
+
+def find_slots(key_lo, key_hi, flags, lo, hi, active):
+    """``(slot, dist, flags, reuse)`` of each key (``probe.find_slots`` with reuse)."""
+    n = lo.shape[0]
+    return _call("jaxops_hash_find", [((n,), i32), ((n,), i32), ((n,), u8), ((n,), i32)],
+                 key_lo, key_hi, flags, lo, hi, active)
+
+
+def first_occurrences(lo, hi, pending):
+    """The index of each pending key's first pending occurrence (own index otherwise)."""
+    return _call("jaxops_hash_first", [((lo.shape[0],), i32)], lo, hi, pending)[0]
+
+
+def place_new_keys(flags, home, start, pending, own):
+    """``(slot_of, flags)``: each pending key's slot (-1: none) and the flags with every
+    handed-out slot marked PENDING (the caller overwrites them); ``flags`` is updated in
+    place."""
+    return _call("jaxops_hash_place", [((home.shape[0],), i32), (flags.shape, u8)],
+                 flags, home, start, pending, own, aliases={0: 1})
+
+
+def gather_rows(values, slots, default_value):
+    """``values[slots]`` rows (``[N, dim]``), ``default_value`` where a slot is -1."""
+    return _call("jaxops_hash_rows", [((slots.shape[0], values.shape[1]), jnp.float32)],
+                 values, slots, fill=np.float32(default_value))[0]
+
+
+def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value):
+    """``(rows, slots)``: ``gather_rows`` of the live slots ``find_slots`` gives, in one pass
+    (slot -1 and ``default_value`` rows for absent keys and tombstones)."""
+    n = lo.shape[0]
+    slots, rows = _call("jaxops_hash_find_rows", [((n,), i32), ((n, values.shape[1]), jnp.float32)],
+                        key_lo, key_hi, flags, values, lo, hi, fill=np.float32(default_value))
+    return rows, slots
+
+
+def register() -> None:
+    """Registers each walk as the ``native`` backend's in the core's walk table."""
+    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows):
+        register_walk(walk.__name__, "native", walk)

@@ -1,0 +1,121 @@
+"""The native hash-table walks (C++ through the XLA FFI) equal the xla walks bit for bit.
+
+Each test runs the same random sequence of table operations twice, once with the walks on
+the native path and once forced to xla (``use_backend("xla")``), and compares every output
+and every table array. Walk choice is made when a function is traced, so the caches are
+cleared between the two runs. Tables are small (64 slots) and nearly full, batches hold
+duplicates and keys evicted before, so tombstone reuse, revival and unplaced keys occur.
+(Where the library is built, the other hash-table tests, against the plain-Python model,
+run on the native walks too.)
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxops
+import jaxops.hashtable as ht
+from jaxops import native
+from jaxops.core import walk_table
+from jaxops.core.backend_table import use_backend
+
+pytestmark = pytest.mark.skipif(not native.available(),
+                                reason=f"native kernels unavailable: {native.why_unavailable()}")
+
+SLOTS, DIM, BATCH = 64, 2, 24
+
+
+def _sequence(seed: int, key_dtype, x64: bool) -> list:
+    """Outputs of a random sequence of operations, the final table included."""
+    rng = np.random.default_rng(seed)
+    universe = rng.choice(2**40, 120, replace=False).astype(np.int64) - 2**39
+    if key_dtype == np.uint64:
+        universe = universe.astype(np.uint64) + np.uint64(2**63)  # keys >= 2**63 too
+    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=0.5,
+                      key_dtype=key_dtype)
+    t = ht.set_load_policy(t, max_load_factor=1.0)
+    out = []
+    for step in range(6):
+        keys = rng.choice(universe, BATCH)  # with duplicates
+        t, rows, info = ht.lookup_or_insert(t, keys)
+        out += [rows, info]
+        t = ht.evict(t, rng.choice(universe, 6))
+        out.append(ht.find(t, rng.choice(universe, BATCH)))  # find_rows; the others find_slots
+        if step == 2:
+            t, info = ht.import_(t, rng.choice(universe, 8), np.arange(8, dtype=np.uint64),
+                                 np.arange(8) % 2, np.ones((8, DIM), np.float32))
+            out.append(info)
+    out.append(t)
+    return out
+
+
+def _both_paths(fn):
+    jax.clear_caches()
+    assert walk_table.walk_path()[0] == "native"
+    got = jax.device_get(fn())
+    jax.clear_caches()
+    with use_backend("xla"):
+        assert walk_table.walk_path()[0] == "xla"
+        want = jax.device_get(fn())
+    jax.clear_caches()
+    return got, want
+
+
+@pytest.mark.parametrize("x64, key_dtype", [(False, np.int64), (True, np.uint64)])
+def test_random_sequences_equal_the_xla_walks(x64, key_dtype):
+    with jax.enable_x64(x64):
+        got, want = _both_paths(lambda: _sequence(int(x64), key_dtype, x64))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    table = got[-1]
+    # The sequences reach the cases the walks must agree on: a nearly full table, keys
+    # that found no slot, tombstones.
+    assert int(table.live) >= SLOTS - 8 and int(table.dropped) > 0
+    infos = [x for x in got if isinstance(x, ht.LookupInfo)]
+    assert sum(int(i.unplaced) for i in infos) > 0
+
+
+def test_walks_run_natively_inside_jit_and_in_place():
+    t = ht.init_table(SLOTS, DIM, initializer_mode="constant")
+    words = ht.as_words(np.arange(BATCH, dtype=np.int64), "test", "keys")
+    step = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[:2], donate_argnums=0)
+    text = step.lower(t, words).as_text()
+    for target in ("jaxops_hash_find", "jaxops_hash_first", "jaxops_hash_place",
+                   "jaxops_hash_rows"):
+        assert target in text
+    # The flags go through place in place: the FFI call aliases its flags input and output,
+    # and the compiled step copies no array of the table's size.
+    assert "output_operand_aliases" in text
+    compiled = step.lower(t, words).compile()
+    copies = [line for line in compiled.as_text().splitlines()
+              if re.search(rf"\[{SLOTS}[,\]].* copy(-start)?\(", line)]
+    assert not copies, copies
+    t, rows = compiled(t, words)
+    assert int(t.live) == BATCH and rows.shape == (BATCH, DIM)
+
+
+def test_explain_names_the_walk_path(monkeypatch):
+    said = str(jaxops.backends.explain("EmbeddingHashTableLookupOrInsert"))
+    assert "Hash probing: native" in said
+    with use_backend("xla"):
+        said = str(jaxops.backends.explain("EmbeddingHashTableLookupOrInsert"))
+    assert "Hash probing: xla (use_backend asks for 'xla')" in said
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    assert walk_table.walk_path() == ("xla", f"the native backend is unavailable: "
+                                      f"{native.ENV_VAR}=0 forces the xla kernels")
+    assert walk_table.walk_kernel("find_slots") is None
+    assert "Hash probing" not in str(jaxops.backends.explain("NonZero"))
+
+
+def test_find_under_vmap_equals_xla():
+    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=1.0)
+    t, _, _ = ht.lookup_or_insert(t, np.arange(0, 40, 2, dtype=np.int64))
+    batches = jnp.arange(24, dtype=jnp.int32).reshape(3, 8)
+    got, want = _both_paths(lambda: jax.vmap(lambda k: ht.find(t, k))(batches))
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1].sum() == 12
