@@ -174,6 +174,9 @@ class AclnnSpec:
     turns the exact :class:`Out` results into the operator's outputs (exact shapes, as if
     capacity were unlimited). ``dtypes`` are the first input's dtypes the kernel takes;
     ``refuses(**attrs)`` says why the kernel cannot serve these attrs (``None``: it can).
+    ``traced_finish(outs, *inputs, **attrs)`` is ``finish`` in jnp for the XLA custom-call
+    route (:mod:`jaxops.backends.aclnn_call`): ``outs`` are the :class:`Out` results as
+    DynArrays at their max shapes; ``None`` keeps the operator on the callback route.
     """
 
     op: str
@@ -182,6 +185,7 @@ class AclnnSpec:
     build: Callable[..., Sequence[Arg]]
     finish: Callable[..., Sequence[np.ndarray]]
     refuses: Callable[..., str | None] = lambda **attrs: None
+    traced_finish: Callable[..., Sequence[Any]] | None = None
 
     def symbols(self) -> tuple[str, str]:
         return f"aclnn{self.aclnn}GetWorkspaceSize", f"aclnn{self.aclnn}"

@@ -42,6 +42,8 @@ TARGETS = {
     "jaxops_batched_nms": "JaxopsBatchedNms",
     "jaxops_unique": "JaxopsUnique",
     "jaxops_unique_values": "JaxopsUniqueValues",
+    # the aclnn two-phase dispatch of the ascend backend (jaxops/backends/aclnn_call.py)
+    "jaxops_aclnn": "JaxopsAclnn",
 }
 
 
