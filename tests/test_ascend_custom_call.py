@@ -51,7 +51,10 @@ def no_python_dispatch(monkeypatch):
 
 def test_jit_runs_the_custom_call_and_matches_xla(double, no_python_dispatch):
     text = ASCEND.lower(X).as_text()
+    assert aclnn_call.TARGET in native.TARGETS  # the handler the native library registers
     assert text.count("custom_call @jaxops_aclnn") == 5
+    op_step = next(s for s in ascend.diagnose().steps if s.name == "operator NonZero")
+    assert op_step.detail.endswith("jit through the XLA custom call jaxops_aclnn")
     assert "callback" not in text  # no pure_callback: no Python on the call path
     rng = np.random.default_rng(0)
     for x in (X, rng.integers(-1, 2, size=(3, 3)).astype(np.float32), np.zeros((3, 3), np.float32)):
@@ -94,6 +97,8 @@ def test_callback_route_where_the_native_library_is_off(double, monkeypatch, no_
     monkeypatch.setenv(native.ENV_VAR, "0")
     assert aclnn_call.route(ascend.SPECS["NonZero"]) == (False, "the native library does not serve it "
                                     f"({native.ENV_VAR}=0 forces the xla kernels)")
+    assert "jit through jax.pure_callback (the native library does not serve it" in \
+        str(ascend.diagnose())
     x = X[:, :2]  # a shape of its own: the route is chosen when a call is traced
     f = jax.jit(lambda x: jaxops.nonzero(x, backend="ascend"))
     assert "callback" in f.lower(x).as_text() and "jaxops_aclnn" not in f.lower(x).as_text()

@@ -7,7 +7,7 @@ NonZero      ``aclnnNonzero``       out ``[numel, rank]`` int64 (transposed for 
 MaskedSelect ``aclnnMaskedSelect``  out ``[broadcast numel]`` (the kernel broadcasts)
 Unique       ``aclnnUnique2``       ``sorted=True, axis=None, equal_nan=True`` only; values,
                                     inverse and counts from the kernel, first indices from
-                                    the inverse on the host
+                                    the inverse (``finish`` / ``traced_finish``)
 ===========  =====================  ===========================================================
 
 Every other operator (UniqueConsecutive, the NMS family) and every configuration an aclnn
@@ -15,6 +15,9 @@ kernel does not serve (``Unique(axis=...)``, ``Unique(sorted=False)``,
 ``Unique(equal_nan=False)``, dtypes outside the kernel's list) runs on ``xla`` under automatic selection; :func:`jaxops.backends.explain`
 gives the reason, and an explicit ``backend="ascend"`` raises it. Capacity (``size``) is
 applied after the kernel: aclnn outputs are always allocated at the full max shape.
+Each mapping has a numpy ``finish`` (eager :func:`~jaxops.backends.ascend.run` and the
+callback route) and its jnp twin ``traced_finish`` (the XLA custom-call route,
+:mod:`jaxops.backends.aclnn_call`).
 
 Dtype lists are those the aclnn docs give for Atlas A2/A3 (the 950 series takes more).
 
