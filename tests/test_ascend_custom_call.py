@@ -14,6 +14,7 @@ import pytest
 import jaxops
 from jaxops import native
 from jaxops.backends import aclnn, aclnn_call, ascend
+from jaxops.backends.aclnn import In, Out, Scalar
 from tests.ascend_double.fixtures import CLEAN, double, toolkit  # noqa: F401  (fixtures)
 from tests.ascend_double.fixtures import live_resources
 from tests.test_ascend import FAILURES
@@ -136,3 +137,13 @@ def test_failed_releases_are_reported_after_the_first_error(double, monkeypatch)
     monkeypatch.setenv("JAXOPS_DOUBLE_FAIL", "aclDestroyAclOpExecutor=561103")
     with pytest.raises(FAILED, match="aclDestroyAclOpExecutor failed"):
         jax.block_until_ready(NONZERO(x))  # a release failing after success is the error
+
+
+def test_route_names_what_the_custom_call_cannot_take():
+    spec = ascend.SPECS["Unique"]
+    x = In(np.zeros(2, np.float32))
+    assert aclnn_call.route(spec, [x, Scalar("bool", True), Out((2,), np.float32)])[0]
+    assert aclnn_call.route(spec, [x, Scalar("double", 0.5)]) == (
+        False, "aclnnUnique2 takes a double scalar (integer-class only)")
+    assert aclnn_call.route(spec, [x] * 15) == (
+        False, "aclnnUnique2 takes 15 arguments (at most 14)")

@@ -24,6 +24,10 @@ example (``vmap_method="sequential"``, a loop inside the compiled program).
 - an operator mapping without a ``traced_finish``.
 
 Eager :func:`jaxops.backends.ascend.run` keeps the ctypes dispatch (numpy in and out).
+The route, the library paths and the device are fixed when a call is traced: a compiled
+function keeps them after ``ASCEND_HOME_PATH`` or ``JAXOPS_NATIVE`` change. The handler
+serialises its own dispatches; it does not share the ctypes route's lock, so an eager
+``run()`` on another thread at the same moment is not ordered against it.
 
 >>> route(None)[0]
 False
