@@ -29,9 +29,11 @@ def _extensions() -> list[Extension]:
     src = os.path.join("jaxops", "native", "src")
     return [Extension(
         "jaxops.native._jaxops_native",
-        sources=[os.path.join(src, f) for f in ("compaction.cc", "hash.cc", "nms.cc", "unique.cc")],
+        sources=[os.path.join(src, f) for f in (
+            "aclnn.cc", "compaction.cc", "hash.cc", "nms.cc", "unique.cc")],
         depends=[os.path.join(src, "common.h")],
         include_dirs=[src],
+        libraries=["dl"],  # aclnn.cc resolves the CANN runtime at run time (dlopen)
         # -isystem: jaxlib's headers warn under -Wall; -ffp-contract=off: no fused
         # multiply-adds, so every float op rounds as XLA's does.
         extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-isystem", include],

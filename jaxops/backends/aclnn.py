@@ -41,9 +41,10 @@ class Runtime:
         self._lock = threading.Lock()
         self._device_held = False
 
-    def _hold_device(self) -> None:
-        # One reference for the process keeps the device context alive between calls;
-        # each dispatch binds its own thread with a further SetDevice/ResetDevice pair.
+    def hold_device(self) -> None:
+        """Takes the process's device reference once (the custom-call route asks at trace
+        time): it keeps the device context alive between calls; each dispatch binds its own
+        thread with a further SetDevice/ResetDevice pair."""
         if not self._device_held:
             self.lib.call("aclrtSetDevice", self.device)
             self._device_held = True
@@ -64,7 +65,7 @@ class Runtime:
         kinds = tuple(a.kind for a in args)
         self.lib.bind_aclnn(aclnn, kinds)
         with self._lock, _Resources(self.lib) as res:
-            self._hold_device()
+            self.hold_device()
             self.lib.call("aclrtSetDevice", self.device)
             res.release("aclrtResetDevice", self.device)
             stream = c_void_p()

@@ -1,4 +1,4 @@
-"""The Ascend backend: aclnn kernels of the CANN runtime, called through ctypes.
+"""The Ascend backend: aclnn kernels of the CANN runtime, through an XLA custom call or ctypes.
 
 **Detection** (:func:`diagnose` reports every step; :func:`detect` is the cached verdict):
 
@@ -21,14 +21,19 @@ flag included) and copy that many elements back: the valid data is the row-major
 the max-shape buffer (the wire layout). Every resource is released in reverse order on
 every path; a non-zero status raises :class:`~jaxops.errors.AclError` naming the call.
 
-**From jit.** The operator kernels (:mod:`jaxops.backends.ascend_ops`) reach the dispatch
-through :func:`jax.pure_callback` (:mod:`jaxops.backends.callback`), so they work under
-``jit`` and ``vmap`` on any JAX platform, with the data crossing the host. Inside a jitted
-call a runtime error arrives as ``JaxRuntimeError`` whose message carries the AclError
-line; :func:`run` calls an operator eagerly and raises AclError itself. On a JAX platform
-that exposes the Ascend device to XLA, the same dispatch would register as a
-``jax.ffi.register_ffi_target(..., platform=<npu platform>)`` handler taking device
-buffers directly; no such JAX platform exists yet, so jaxops ships only the callback route.
+**From jit.** Where the native library is built and JAX runs on the CPU, an operator kernel
+(:mod:`jaxops.backends.ascend_ops`) is one XLA custom call, ``jaxops_aclnn``
+(:mod:`jaxops.backends.aclnn_call`; the C++ handler in ``jaxops/native/src/aclnn.cc`` runs
+the same steps on the buffers XLA hands it, with no Python on the call path). Elsewhere —
+the native library not built or not loaded, ``JAXOPS_NATIVE=0``, another default device —
+it reaches the dispatch above through :func:`jax.pure_callback`
+(:mod:`jaxops.backends.callback`), the data crossing Python. Both work under ``jit`` and
+``vmap``; the route is chosen when a call is traced, and ``explain()`` names it. Inside a
+jitted call a runtime error arrives as an XLA runtime error whose message carries the
+AclError line; :func:`run` calls an operator eagerly (ctypes) and raises AclError itself.
+On CPU, XLA's buffers are host memory, which the handler copies to and from the device; a
+JAX platform that exposed the Ascend device to XLA would let the handler take device
+buffers and XLA's stream instead, but none exists yet.
 
 >>> import os
 >>> d = diagnose()
@@ -47,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxops.backends import aclnn_call
 from jaxops.backends.acl import ACL_ERROR_REPEAT_INITIALIZE, AclLibraries
 from jaxops.backends.aclnn import DEVICE_VAR, Arg, In, Out, Runtime, Scalar
 from jaxops.core.backend_table import BackendEntry, register_backend
@@ -174,6 +180,9 @@ class AclnnSpec:
     turns the exact :class:`Out` results into the operator's outputs (exact shapes, as if
     capacity were unlimited). ``dtypes`` are the first input's dtypes the kernel takes;
     ``refuses(**attrs)`` says why the kernel cannot serve these attrs (``None``: it can).
+    ``traced_finish(outs, *inputs, **attrs)`` is ``finish`` in jnp for the XLA custom-call
+    route (:mod:`jaxops.backends.aclnn_call`): ``outs`` are the :class:`Out` results as
+    DynArrays at their max shapes; ``None`` keeps the operator on the callback route.
     """
 
     op: str
@@ -182,6 +191,7 @@ class AclnnSpec:
     build: Callable[..., Sequence[Arg]]
     finish: Callable[..., Sequence[np.ndarray]]
     refuses: Callable[..., str | None] = lambda **attrs: None
+    traced_finish: Callable[..., Sequence[Any]] | None = None
 
     def symbols(self) -> tuple[str, str]:
         return f"aclnn{self.aclnn}GetWorkspaceSize", f"aclnn{self.aclnn}"
@@ -224,7 +234,16 @@ def supports(op, inputs: Sequence[Any] | None = None,
     if missing:
         return False, f"libopapi does not export {', '.join(missing)}"
     why = problem(spec, inputs, attrs)
-    return (False, why) if why else (True, f"aclnn{spec.aclnn}")
+    if why:
+        return False, why
+    return True, f"aclnn{spec.aclnn} {_route_text(spec)}"
+
+
+def _route_text(spec: AclnnSpec) -> str:
+    """How jitted calls reach the kernel (see "From jit" in the module docstring)."""
+    ffi, why = aclnn_call.route(spec)
+    return (f"through the XLA custom call {aclnn_call.TARGET}" if ffi
+            else f"through jax.pure_callback ({why})")
 
 
 def diagnose(refresh: bool = True) -> Diagnosis:
@@ -242,7 +261,7 @@ def diagnose(refresh: bool = True) -> Diagnosis:
         lib = runtime().lib
         missing = [s for s in spec.symbols() if not lib.has(s)]
         steps.append(Step(name, not missing, f"missing {', '.join(missing)}" if missing
-                          else " and ".join(spec.symbols())))
+                          else " and ".join(spec.symbols()) + f", jit {_route_text(spec)}"))
     return Diagnosis(tuple(steps))
 
 

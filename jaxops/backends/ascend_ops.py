@@ -7,7 +7,7 @@ NonZero      ``aclnnNonzero``       out ``[numel, rank]`` int64 (transposed for 
 MaskedSelect ``aclnnMaskedSelect``  out ``[broadcast numel]`` (the kernel broadcasts)
 Unique       ``aclnnUnique2``       ``sorted=True, axis=None, equal_nan=True`` only; values,
                                     inverse and counts from the kernel, first indices from
-                                    the inverse on the host
+                                    the inverse (``finish`` / ``traced_finish``)
 ===========  =====================  ===========================================================
 
 Every other operator (UniqueConsecutive, the NMS family) and every configuration an aclnn
@@ -15,6 +15,9 @@ kernel does not serve (``Unique(axis=...)``, ``Unique(sorted=False)``,
 ``Unique(equal_nan=False)``, dtypes outside the kernel's list) runs on ``xla`` under automatic selection; :func:`jaxops.backends.explain`
 gives the reason, and an explicit ``backend="ascend"`` raises it. Capacity (``size``) is
 applied after the kernel: aclnn outputs are always allocated at the full max shape.
+Each mapping has a numpy ``finish`` (eager :func:`~jaxops.backends.ascend.run` and the
+callback route) and its jnp twin ``traced_finish`` (the XLA custom-call route,
+:mod:`jaxops.backends.aclnn_call`).
 
 Dtype lists are those the aclnn docs give for Atlas A2/A3 (the 950 series takes more).
 
@@ -30,8 +33,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxops.backends.ascend import SPECS, AclnnSpec, In, Out, Scalar, dispatch, problem
+import jax.numpy as jnp
+
+from jaxops.backends import aclnn_call
+from jaxops.backends.ascend import (SPECS, AclnnSpec, In, Out, Scalar, dispatch, problem,
+                                    runtime)
 from jaxops.backends.callback import host_kernel
+from jaxops.core.dynarray import DynArray
 from jaxops.core.dtypes import DataType as D
 from jaxops.core.errors import BackendUnavailableError, DuplicateOpError
 from jaxops.core.numerics import INDEX_FILL
@@ -47,14 +55,19 @@ INDEX_DTYPES = frozenset({D.FLOAT, D.FLOAT16, D.DOUBLE, D.INT32, D.INT64, D.INT1
 UNIQUE2_DTYPES = INDEX_DTYPES | {D.UINT16, D.UINT32, D.UINT64}
 
 
+def _as_is(outs, *inputs, **attrs):
+    return outs
+
+
 def aclnn_kernel_for(op: str, aclnn: str, dtypes: frozenset[D],
-                     finish: Callable[..., Sequence[np.ndarray]] = lambda outs, *i, **a: outs,
-                     refuses: Callable[..., str | None] | None = None):
+                     finish: Callable[..., Sequence[np.ndarray]] = _as_is,
+                     refuses: Callable[..., str | None] | None = None,
+                     traced_finish: Callable[..., Sequence] | None = _as_is):
     """Decorator on an aclnn ``build`` function: maps operator ``op`` onto
     ``aclnn<aclnn>`` (an :class:`AclnnSpec`) and registers its ``ascend`` kernel; an unknown
     operator name raises :class:`~jaxops.errors.UnknownOpError` at import."""
     def register(build):
-        spec = AclnnSpec(op, aclnn, dtypes, build, finish,
+        spec = AclnnSpec(op, aclnn, dtypes, build, finish, traced_finish=traced_finish,
                          **({} if refuses is None else {"refuses": refuses}))
         if op in SPECS:
             raise DuplicateOpError(f"{op}: aclnn kernel registered twice")
@@ -75,7 +88,10 @@ def _ascend_kernel(op, spec: AclnnSpec):
             raise BackendUnavailableError(f"{spec.op}: the ascend kernel cannot run this call: "
                                           f"{why}. Use backend='xla'.")
 
-    return host_kernel(op, on_host, check=check)
+    def traced(structs, *inputs, **attrs):  # the XLA custom call, where it serves
+        return aclnn_call.forward(spec, runtime(), structs, inputs, attrs)
+
+    return host_kernel(op, on_host, check=check, traced=traced)
 
 
 def _nonzero_finish(outs, x, *, size, transpose):
@@ -83,7 +99,13 @@ def _nonzero_finish(outs, x, *, size, transpose):
     return (rows if transpose else rows.T,)
 
 
-@aclnn_kernel_for("NonZero", "Nonzero", INDEX_DTYPES, finish=_nonzero_finish)
+def _nonzero_traced(outs, x, *, size, transpose):
+    (rows,) = outs  # [n, rank] of [numel, rank]
+    return (rows if transpose else DynArray(rows.data.T, rows.actual_shape[::-1]),)
+
+
+@aclnn_kernel_for("NonZero", "Nonzero", INDEX_DTYPES, finish=_nonzero_finish,
+                  traced_finish=_nonzero_traced)
 def _nonzero_build(x, *, size, transpose):
     x = x.reshape(1) if x.ndim == 0 else x  # a scalar is a 1-element vector (the xla rule)
     return [In(x), Out((x.size, x.ndim), I64)]
@@ -115,8 +137,17 @@ def _unique_finish(outs, x, *, size, sorted, axis, equal_nan):
     return values, first, np.where(inverse < cap, inverse, INDEX_FILL), counts
 
 
+def _unique_traced(outs, x, *, size, sorted, axis, equal_nan):
+    values, inverse, counts = outs  # the inverse is whole: its actual shape is x's
+    n, inv = inverse.max_shape[0], inverse.data
+    first = jnp.full(n, n, inv.dtype).at[inv].min(jnp.arange(n, dtype=inv.dtype))
+    cap = n if size is None else size
+    return (values, DynArray(first, values.actual_shape), jnp.where(inv < cap, inv, INDEX_FILL),
+            counts)
+
+
 @aclnn_kernel_for("Unique", "Unique2", UNIQUE2_DTYPES, finish=_unique_finish,
-                  refuses=_unique_refuses)
+                  refuses=_unique_refuses, traced_finish=_unique_traced)
 def _unique_build(x, *, size, sorted, axis, equal_nan):
     flat = x.reshape(-1)
     n = flat.size

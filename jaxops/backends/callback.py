@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 HostFn = Callable[..., Sequence[np.ndarray]]
+Traced = Callable[..., Any]
 
 # The ``host`` backend: every operator with a host kernel; never chosen automatically.
 register_backend(BackendEntry(
@@ -93,11 +94,15 @@ def _batched_host_call(op: OpDef, host_fn: HostFn, in_tree, base_shapes, out_str
 
 
 def host_kernel(op: OpDef, host_fn: HostFn,
-                check: Callable[..., None] | None = None) -> KernelFn:
+                check: Callable[..., None] | None = None,
+                traced: Traced | None = None) -> KernelFn:
     """An operator kernel that runs ``host_fn`` on the host (see the module docstring).
 
     ``check(*inputs, **attrs)``, when given, runs at trace time (on tracers) and raises for
-    inputs the host function cannot take.
+    inputs the host function cannot take. ``traced(out_structs, *inputs, **attrs)``, when
+    given, is tried first at trace time: when it returns the outputs (traced, in the xla
+    kernel's structure) they replace the callback; ``None`` keeps the callback (the ascend
+    kernels' XLA custom call, :mod:`jaxops.backends.aclnn_call`).
 
     >>> import jax, jax.numpy as jnp, numpy as np
     >>> from jaxops.core.dtypes import FLOATING
@@ -116,16 +121,16 @@ def host_kernel(op: OpDef, host_fn: HostFn,
         """The kernel whose backward pass runs the ``xla`` kernel of ``mode`` (cached, so
         the registry's jit cache sees one function per mode)."""
         if mode not in bound:
-            bound[mode] = _host_kernel(op, host_fn, check, mode)
+            bound[mode] = _host_kernel(op, host_fn, check, traced, mode)
         return bound[mode]
 
-    kernel = _host_kernel(op, host_fn, check, None)
+    kernel = _host_kernel(op, host_fn, check, traced, None)
     kernel.bind_mode = bind_mode
     return kernel
 
 
 def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
-                 mode: OpImplMode | None) -> KernelFn:
+                 traced: Traced | None, mode: OpImplMode | None) -> KernelFn:
     def kernel(*inputs, **attrs):
         if check is not None:
             check(*inputs, **attrs)
@@ -146,6 +151,10 @@ def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
 
         @jax.custom_vjp
         def run(*args):
+            outs = None if traced is None else traced(
+                out_structs, *jax.tree_util.tree_unflatten(in_tree, list(args)), **attrs)
+            if outs is not None:
+                return jax.tree_util.tree_leaves(tuple(outs))
             return jax.pure_callback(on_host, result_types, *args, vmap_method="expand_dims")
 
         def forward(*args):

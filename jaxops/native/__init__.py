@@ -48,6 +48,8 @@ TARGETS = {
     "jaxops_hash_place": "JaxopsHashPlace",
     "jaxops_hash_rows": "JaxopsHashRows",
     "jaxops_hash_find_rows": "JaxopsHashFindRows",
+    # the aclnn two-phase dispatch of the ascend backend (jaxops/backends/aclnn_call.py)
+    "jaxops_aclnn": "JaxopsAclnn",
 }
 
 
