@@ -30,7 +30,7 @@ def _extensions() -> list[Extension]:
     return [Extension(
         "jaxops.native._jaxops_native",
         sources=[os.path.join(src, f) for f in ("compaction.cc", "nms.cc", "unique.cc")],
-        depends=[os.path.join(src, "common.h")],
+        depends=[os.path.join(src, h) for h in ("common.h", "radix_sort.h")],
         include_dirs=[src],
         # -isystem: jaxlib's headers warn under -Wall; -ffp-contract=off: no fused
         # multiply-adds, so every float op rounds as XLA's does.
