@@ -1,0 +1,81 @@
+// A stable LSD radix sort of unsigned integer keys (or of items carrying one).
+//
+// A pass here is bound by its chains of bucket-offset updates (load, add, store, and the
+// next item of the same bucket waits for that store), not by memory. So every pass reads
+// the items as kChains interleaved stretches, each with its own offsets (stretch s after
+// stretch s - 1 in every bucket, so the order stays stable), and the digits are narrow
+// where they are spread (7 bits: 4 x 128 output streams fit the L1 cache) and wide at the
+// top, where float keys gather in few buckets (sign, exponent and two mantissa bits).
+// Measured on unique of a million normal float32 values (thread CPU time, beside
+// np.unique): 7/7/7/11-bit passes with four chains make the whole kernel 0.8x the time
+// of four 8-bit passes with two chains.
+#ifndef JAXOPS_NATIVE_RADIX_SORT_H_
+#define JAXOPS_NATIVE_RADIX_SORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace jaxops {
+
+template <typename U>
+struct KeyPair {
+  U key;
+  uint32_t index;
+};
+
+template <typename U>
+inline U key_of(U k) { return k; }
+template <typename U>
+inline U key_of(const KeyPair<U>& p) { return p.key; }
+
+// kChains interleaved stretches per pass: 4 measured best (2: 1.15x the time, 6 or 8:
+// 1.3-1.5x, their offsets no longer fit the L1 cache beside the output streams).
+constexpr int kChains = 4;
+constexpr int kLowBits = 7, kMaxBits = 11;
+
+// One stable pass: a -> t by the `bits`-wide digit at `shift`; false (and nothing written)
+// when one bucket holds every item.
+template <typename T>
+bool scatter_pass(const T* a, T* t, size_t n, int shift, int bits) {
+  const uint32_t mask = (uint32_t{1} << bits) - 1, buckets = mask + 1;
+  uint32_t offset[kChains][uint32_t{1} << kMaxBits];
+  for (int c = 0; c < kChains; ++c) std::memset(offset[c], 0, sizeof(uint32_t) * buckets);
+  const auto digit = [&](const T& item) { return static_cast<uint32_t>(key_of(item) >> shift) & mask; };
+  const size_t q = n / kChains, rest = q * kChains;  // stretch c: [c q, (c + 1) q); the rest: chain kChains - 1
+  for (size_t i = 0; i < q; ++i)
+    for (int c = 0; c < kChains; ++c) ++offset[c][digit(a[c * q + i])];
+  for (size_t i = rest; i < n; ++i) ++offset[kChains - 1][digit(a[i])];
+  uint32_t sum = 0;
+  for (uint32_t b = 0; b < buckets; ++b) {
+    uint32_t size = 0;
+    for (int c = 0; c < kChains; ++c) size += offset[c][b];
+    if (size == n) return false;
+    for (int c = 0; c < kChains; ++c) sum += std::exchange(offset[c][b], sum);
+  }
+  for (size_t i = 0; i < q; ++i)
+    for (int c = 0; c < kChains; ++c) {
+      const T item = a[c * q + i];
+      t[offset[c][digit(item)]++] = item;
+    }
+  for (size_t i = rest; i < n; ++i) t[offset[kChains - 1][digit(a[i])]++] = a[i];
+  return true;
+}
+
+// Sorts the n items of a by key (stable), t as scratch; returns the buffer holding them.
+// Digits from the bottom: kLowBits wide while more than kMaxBits remain, then the rest.
+template <typename T>
+T* radix_sort(T* a, T* t, size_t n) {
+  const int key_bits = 8 * sizeof(key_of(a[0]));
+  for (int shift = 0; shift < key_bits;) {
+    const int bits = key_bits - shift <= kMaxBits ? key_bits - shift : kLowBits;
+    if (scatter_pass(a, t, n, shift, bits)) std::swap(a, t);
+    shift += bits;
+  }
+  return a;
+}
+
+}  // namespace jaxops
+
+#endif  // JAXOPS_NATIVE_RADIX_SORT_H_
