@@ -158,9 +158,8 @@ def test_nms_family(data):
                                 tuple(ref_efficient_nms(b4, s4.transpose(0, 2, 1), **kw)))
 
 
-# The NMS family with x64 on costs ~11 s more (new compiles for every example): left out.
 @pytest.mark.parametrize("test", [test_nonzero_family, test_masked_select,
-                                  test_unique_and_unique_consecutive])
+                                  test_unique_and_unique_consecutive, test_nms_family])
 def test_with_x64_on(test):
     with jax.enable_x64(True):
         test()
