@@ -13,6 +13,15 @@ Run through the runner: ``python -m benchmarks [--quick] --only hashtable_scale`
   allocations). Measured on the 2-core machine while it was quiet (this case, 2^24 vs
   2^16, wall-time median ratio): 1.29-1.39 on 4 KiB pages (five runs), 1.12-1.21 on huge
   pages (two runs). The scale rows say how much of the process's memory is on huge pages.
+- Each scale row's note also gives the floor: a plain jitted gather of the lines a step reads
+  per key (flags, key and counter words, last access, the row) at 4,096 random slots, at
+  that size vs 2^16. No hashing or probing is in it, so it is how much a step that reads
+  those lines must grow from cache misses and TLB misses alone. Measured 2026-12-04 (quiet
+  machine, 4 KiB pages, two runs): the floor grew 1.5-2.1x at 2^22 and 2.2-4.3x at 2^24,
+  the step on the native walks 1.60-1.73x and 2.27-2.43x (0.37 -> 0.87-0.91 ms), on the xla
+  walks (``JAXOPS_NATIVE=0``, one run) 1.57x and 1.36x (1.16 -> 1.57 ms): the native step
+  is faster at every size and grows like the floor, but its self-ratio misses 1.5 because
+  its 2^16 step is cache-resident.
 - insert throughput as the table fills: a batch of new keys inserted into a table at 87.5 %
   load, side by side with the same batch into a table at 50 % load (target: >= 1/4 of
   its keys/s, i.e. a time ratio <= 4). Every timed insert goes into a fresh copy of the
@@ -98,6 +107,26 @@ def _huge_page_note() -> str:
     return f"{kib // 1024} MiB on huge pages"
 
 
+def _slot_lines(size: int, rng: np.random.Generator):
+    """A jitted gather of what a present-key step reads per key, at random slots of arrays
+    of ``size`` slots: flags, both key words, both counter words, last access, the row. No
+    hashing, no probing: the memory hierarchy's own growth with the table's size."""
+    arrays = [jnp.zeros(size, jnp.uint8), *(jnp.zeros(size, jnp.uint32) for _ in range(5)),
+              jnp.zeros((size, DIM), jnp.float32)]
+    slots = jnp.asarray(rng.integers(0, size, BATCH).astype(np.int32))
+    gather = jax.jit(lambda arrs, i: [a[i] for a in arrs])
+    return lambda: gather(arrays, slots)
+
+
+def _floor_note(size: int, base_size: int, repeats: int) -> str:
+    """The same size ratio for a plain gather of the slots' lines (:func:`_slot_lines`)."""
+    rng = np.random.default_rng(2)
+    res = compare("floor", _slot_lines(size, rng), "floor", _slot_lines(base_size, rng),
+                  repeats=repeats)
+    return (f"floor: a plain gather of {BATCH} random slots' lines grows "
+            f"{res.ours_s / res.peer_s:.2f}x (best {res.ours_best_s / res.peer_best_s:.2f}x)")
+
+
 def run_scale(sizes: list[int], repeats: int) -> list[Result]:
     """Present-key lookups at each size vs the same step at the first (smallest) size."""
     rng = np.random.default_rng(0)
@@ -113,6 +142,7 @@ def run_scale(sizes: list[int], repeats: int) -> list[Result]:
             note=f"donated, jitted; ms per step, {STEPS_PER_SAMPLE} steps a sample; "
                  f"{_huge_page_note()}")))
         results[-1].note += "; " + _cpu_note(ours, base, repeats)
+        results[-1].note += "; " + _floor_note(size, sizes[0], repeats)
         del ours
     return results
 
