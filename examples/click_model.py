@@ -264,33 +264,24 @@ def _nbytes(tree: Any) -> int:  # arrays or ShapeDtypeStructs
     return sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
-#: XLA options that halve compile time (measured: the quick hash step 8.8 -> 3.9 s of CPU)
-#: for code that runs a few steps only, such as the test of this example.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def _compiled(fn: Callable, *args: Any, donate: bool, options: dict | None = None
-              ) -> tuple[Any, float]:
+def _compiled(fn: Callable, *args: Any, donate: bool) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=0 if donate else ()).lower(*args).compile(options)
+    compiled = jax.jit(fn, donate_argnums=0 if donate else ()).lower(*args).compile()
     return compiled, time.perf_counter() - t0
 
 
-def train(model: Model, train_data: dict, eval_data: dict, seed: int = 0,
-          compiler_options: dict | None = None) -> dict[str, Any]:
-    """Trains ``model`` over ``train_data`` in order; evaluates at ``sizes.evals`` points
-    (``compiler_options``: XLA options for compiling the step and the prediction)."""
+def train(model: Model, train_data: dict, eval_data: dict, seed: int = 0) -> dict[str, Any]:
+    """Trains ``model`` over ``train_data`` in order; evaluates at ``sizes.evals`` points."""
     sizes = model.sizes
     state = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per eager op
     memory = _nbytes(state[0])  # the embedding store: tables + row-optimizer state
     first = device_batch(train_data, 0, sizes.batch)
     # The step donates its whole state (tables, row-optimizer state, head, Adam state):
     # XLA then writes the touched rows in place instead of copying every table-sized buffer.
-    step, compile_s = _compiled(model.step, state, first, donate=True,
-                                options=compiler_options)
+    step, compile_s = _compiled(model.step, state, first, donate=True)
     predict, predict_compile_s = _compiled(model.predict, state,
                                            device_batch(eval_data, 0, sizes.eval_chunk),
-                                           donate=False, options=compiler_options)
+                                           donate=False)
     eval_every = max(sizes.steps // sizes.evals, 1)
     metrics, curve, train_s = [], [], 0.0
     for s in range(sizes.steps):
@@ -349,12 +340,10 @@ def plot(results: list[dict], oracle: float, path: str) -> str | None:
 
 def main(quick: bool = False, plot_path: str | None = None, sizes: Sizes | None = None,
          row_lr: float = 0.2, row_acc: float = 1e-3, head_lr: float = 5e-3,
-         dense_fractions: tuple[float, ...] | None = None, verbose: bool = True,
-         compiler_options: dict | None = None) -> dict[str, Any]:
+         dense_fractions: tuple[float, ...] | None = None, verbose: bool = True
+         ) -> dict[str, Any]:
     """Trains the hash model and the dense baseline at ``dense_fractions`` of its memory
     (default: 1, 1/8 and 1/64; only 1 with ``quick``) and reports them.
-    ``compiler_options`` (e.g. :data:`FAST_COMPILE`) go to every compile of a step or a
-    prediction; the README's figures use XLA's defaults.
 
     ``row_acc`` is Adagrad's initial accumulator: 1e-3, not optax's 0.1, because the loss
     is a batch mean, so a row's gradient is ~1e-3 and a 0.1 start would shrink its steps
@@ -375,8 +364,7 @@ def main(quick: bool = False, plot_path: str | None = None, sizes: Sizes | None 
         name = "dense" if f == 1 else f"dense 1/{round(1 / f)}"
         models.append(Model(name, HashedDenseEmbeddings(rows, sizes.dim, row_lr, row_acc),
                             sizes, head_lr))
-    results = [train(m, train_data, eval_data, compiler_options=compiler_options)
-               for m in models]
+    results = [train(m, train_data, eval_data) for m in models]
     oracle = {"logloss": logloss(eval_data["click"], eval_data["true_logit"]),
               "auc": auc(eval_data["click"], eval_data["true_logit"])}
     rate = float(train_data["click"].mean())

@@ -64,10 +64,7 @@ def test_click_model(tmp_path):
     assert module.auc(y, scores) == pytest.approx(np.mean((diff > 0) + 0.5 * (diff == 0)))
 
     path = str(tmp_path / "loss.png")
-    # Fast-compile options: compiling is most of this test's time (~35 % less CPU with
-    # them), and the checks below are about results, not speed.
-    out = module.main(quick=True, plot_path=path, verbose=False,
-                      compiler_options=module.FAST_COMPILE)
+    out = module.main(quick=True, plot_path=path, verbose=False)
     hashed, dense = out["results"]
     assert hashed["traces"] == dense["traces"] == 1      # one compile each for all the steps
     assert hashed["lost_ids"] == 0 and hashed["live"] == out["distinct_train_ids"]

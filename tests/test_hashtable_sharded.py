@@ -19,15 +19,16 @@ import sys
 import pytest
 
 import tests.sharded_checks as checks
-from conftest import FAST_COMPILE_FLAGS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [fn.__name__ for fn in checks.CHECKS]
 
 
 def _env(devices: int) -> dict:
-    flags = [f"--xla_force_host_platform_device_count={devices}", *FAST_COMPILE_FLAGS]
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
+    """The child's environment: this session's (its XLA flags and compilation cache, see
+    conftest.py) plus ``devices`` forced host devices."""
+    flags = [os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={devices}"]
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags).strip())
 
 
 def _free_port() -> int:
