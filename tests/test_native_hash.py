@@ -119,3 +119,33 @@ def test_find_under_vmap_equals_xla():
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1].sum() == 12
+
+
+def test_batches_split_among_threads_equal_the_xla_walks():
+    """Batches of thousands of keys: the native walks split them among XLA's intra-op
+    threads (find and find_rows by home region), hash eight keys at a time (AVX2, the
+    scalar loop for the rest: odd batch sizes) and test four slots at once. A table 90 %
+    full makes long walks and walks that wrap past the last slot."""
+    slots = 8192
+
+    def run():
+        rng = np.random.default_rng(7)
+        universe = rng.choice(2**40, 12000, replace=False).astype(np.int64) - 2**39
+        t = ht.init_table(slots, DIM, initializer_mode="constant", constant_value=0.5)
+        t = ht.set_load_policy(t, max_load_factor=1.0)
+        out = []
+        for batch in (6001, 5099):
+            t, rows, info = ht.lookup_or_insert(t, rng.choice(universe, batch))
+            out += [rows, info]
+        t = ht.evict(t, rng.choice(universe, 700))
+        out.append(ht.find(t, rng.choice(universe, 6003)))
+        out.append(ht.locate(t, rng.choice(universe, 4097)))
+        return out + [t]
+
+    got, want = _both_paths(run)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    table = got[-1]
+    assert int(table.live) > 0.8 * slots
+    found = got[-3][1]
+    assert 0 < int(found.sum()) < found.size  # present and absent keys both looked up

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace jaxops {
 
@@ -35,42 +36,64 @@ inline U key_of(const KeyPair<U>& p) { return p.key; }
 constexpr int kChains = 4;
 constexpr int kLowBits = 7, kMaxBits = 11;
 
+// Runs body(0) only: the one-thread runner of the passes below (parallel.h has the
+// pool's: OnPool, whose parts() are its threads).
+struct OneThread {
+  int64_t parts() const { return 1; }
+  template <typename Body>
+  void operator()(const Body& body) const { body(int64_t{0}); }
+};
+
 // One stable pass: a -> t by the `bits`-wide digit at `shift`; false (and nothing written)
-// when one bucket holds every item.
-template <typename T>
-bool scatter_pass(const T* a, T* t, size_t n, int shift, int bits) {
+// when one bucket holds every item. With P parts (threads), the items are P * kChains
+// stretches, part p counting and then scattering stretches [p kChains, (p + 1) kChains).
+template <typename T, typename Run>
+bool scatter_pass(const T* a, T* t, size_t n, int shift, int bits, const Run& run) {
   const uint32_t mask = (uint32_t{1} << bits) - 1, buckets = mask + 1;
-  uint32_t offset[kChains][uint32_t{1} << kMaxBits];
-  for (int c = 0; c < kChains; ++c) std::memset(offset[c], 0, sizeof(uint32_t) * buckets);
+  const int64_t parts = run.parts(), chains = parts * kChains;
+  std::vector<uint32_t> offsets(chains * buckets, 0);  // [chain][bucket]
   const auto digit = [&](const T& item) { return static_cast<uint32_t>(key_of(item) >> shift) & mask; };
-  const size_t q = n / kChains, rest = q * kChains;  // stretch c: [c q, (c + 1) q); the rest: chain kChains - 1
-  for (size_t i = 0; i < q; ++i)
-    for (int c = 0; c < kChains; ++c) ++offset[c][digit(a[c * q + i])];
-  for (size_t i = rest; i < n; ++i) ++offset[kChains - 1][digit(a[i])];
+  const size_t q = n / chains, rest = q * chains;  // stretch c: [c q, (c + 1) q); the rest: the last chain
+  const auto chain = [&](int64_t p, int c) { return offsets.data() + (p * kChains + c) * buckets; };
+  run([&](int64_t p) {
+    uint32_t* offset[kChains];
+    for (int c = 0; c < kChains; ++c) offset[c] = chain(p, c);
+    const T* from = a + p * kChains * q;
+    for (size_t i = 0; i < q; ++i)
+      for (int c = 0; c < kChains; ++c) ++offset[c][digit(from[c * q + i])];
+    if (p == parts - 1)
+      for (size_t i = rest; i < n; ++i) ++offset[kChains - 1][digit(a[i])];
+  });
   uint32_t sum = 0;
   for (uint32_t b = 0; b < buckets; ++b) {
     uint32_t size = 0;
-    for (int c = 0; c < kChains; ++c) size += offset[c][b];
+    for (int64_t c = 0; c < chains; ++c) size += offsets[c * buckets + b];
     if (size == n) return false;
-    for (int c = 0; c < kChains; ++c) sum += std::exchange(offset[c][b], sum);
+    for (int64_t c = 0; c < chains; ++c) sum += std::exchange(offsets[c * buckets + b], sum);
   }
-  for (size_t i = 0; i < q; ++i)
-    for (int c = 0; c < kChains; ++c) {
-      const T item = a[c * q + i];
-      t[offset[c][digit(item)]++] = item;
-    }
-  for (size_t i = rest; i < n; ++i) t[offset[kChains - 1][digit(a[i])]++] = a[i];
+  run([&](int64_t p) {
+    uint32_t* offset[kChains];
+    for (int c = 0; c < kChains; ++c) offset[c] = chain(p, c);
+    const T* from = a + p * kChains * q;
+    for (size_t i = 0; i < q; ++i)
+      for (int c = 0; c < kChains; ++c) {
+        const T item = from[c * q + i];
+        t[offset[c][digit(item)]++] = item;
+      }
+    if (p == parts - 1)
+      for (size_t i = rest; i < n; ++i) t[offset[kChains - 1][digit(a[i])]++] = a[i];
+  });
   return true;
 }
 
 // Sorts the n items of a by key (stable), t as scratch; returns the buffer holding them.
 // Digits from the bottom: kLowBits wide while more than kMaxBits remain, then the rest.
-template <typename T>
-T* radix_sort(T* a, T* t, size_t n) {
+template <typename T, typename Run = OneThread>
+T* radix_sort(T* a, T* t, size_t n, const Run& run = Run{}) {
   const int key_bits = 8 * sizeof(key_of(a[0]));
   for (int shift = 0; shift < key_bits;) {
     const int bits = key_bits - shift <= kMaxBits ? key_bits - shift : kLowBits;
-    if (scatter_pass(a, t, n, shift, bits)) std::swap(a, t);
+    if (scatter_pass(a, t, n, shift, bits, run)) std::swap(a, t);
     shift += bits;
   }
   return a;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "parallel.h"
 #include "radix_sort.h"
 
 namespace jaxops {
@@ -32,6 +33,10 @@ inline U value_of(U key) {
   constexpr U sign = U{1} << (8 * sizeof(U) - 1);
   return (key & sign) ? U(key & ~sign) : U(~key);
 }
+
+// Items per sorting thread at least: below, one thread sorts (the pool's start-up and the
+// per-thread offsets cost more than they save).
+constexpr int64_t kSortGrain = 1 << 15;
 
 struct Placed {
   uint32_t position, value;
@@ -61,10 +66,14 @@ struct Keys {
 
 template <typename U, typename Idx>
 void unique_impl(const U* x, int64_t n, Keys<U> keys, bool equal_nan, bool sorted, int64_t cap,
-                 U* y, Idx* first_out, Idx* inverse, Idx* counts_out, int32_t* total) {
+                 U* y, Idx* first_out, Idx* inverse, Idx* counts_out, int32_t* total,
+                 const OnPool& run) {
   Scratch<KeyPair<U>> pairs_a(n), pairs_t(n);
-  for (int64_t i = 0; i < n; ++i) pairs_a.get()[i] = {keys(x[i]), static_cast<uint32_t>(i)};
-  const KeyPair<U>* pairs = radix_sort(pairs_a.get(), pairs_t.get(), n);
+  run([&](int64_t p) {
+    for (int64_t i = n * p / run.parts(); i < n * (p + 1) / run.parts(); ++i)
+      pairs_a.get()[i] = {keys(x[i]), static_cast<uint32_t>(i)};
+  });
+  const KeyPair<U>* pairs = radix_sort(pairs_a.get(), pairs_t.get(), n, run);
   // per sorted group: first position, count, key; a NaN key starts a group of its own
   // unless equal_nan
   std::vector<uint32_t> first, count;
@@ -114,14 +123,16 @@ void unique_impl(const U* x, int64_t n, Keys<U> keys, bool equal_nan, bool sorte
 // the NaNs (each a value, in order of position) are read off x in order.
 template <typename U>
 void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t cap, U* y,
-                   int32_t* total) {
+                   int32_t* total, const OnPool& run) {
   // The keys sort in y where it has room for them (one scratch buffer less to fault in);
   // the values then overwrite the sorted keys in place (the m-th value goes to y[m],
   // m <= j, after key j is read).
   Scratch<U> t(n), own(cap >= n ? 0 : n);
   U* a = cap >= n ? y : own.get();
-  for (int64_t i = 0; i < n; ++i) a[i] = keys(x[i]);
-  const U* sorted = radix_sort(a, t.get(), n);
+  run([&](int64_t p) {
+    for (int64_t i = n * p / run.parts(); i < n * (p + 1) / run.parts(); ++i) a[i] = keys(x[i]);
+  });
+  const U* sorted = radix_sort(a, t.get(), n, run);
   const auto first_value = [&](U key) {
     for (int64_t i = 0;; ++i) if (keys(x[i]) == key) return x[i];
   };
@@ -161,7 +172,8 @@ ffi::Error with_float_bits(ffi::DataType t, Fn fn) {
 }
 
 ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                        ffi::Result<ffi::Buffer<ffi::S32>> total, bool equal_nan) {
+                        ffi::Result<ffi::Buffer<ffi::S32>> total, bool equal_nan,
+                        ffi::ThreadPool pool) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() == 0 || yd.size() == 0 || y->element_type() != x.element_type())
     return bad("Unique: x and y must be [..., n] and [..., capacity] of one dtype");
@@ -174,7 +186,7 @@ ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
       for (int64_t b = 0; b < batch; ++b)
         unique_values<U>(static_cast<const U*>(x.untyped_data()) + b * n, n, Keys<U>{inf},
                          equal_nan, cap, static_cast<U*>(y->untyped_data()) + b * cap,
-                         total->typed_data() + b);
+                         total->typed_data() + b, OnPool{&pool, parts_for(pool, n, kSortGrain)});
       return ffi::Error::Success();
     });
   });
@@ -182,7 +194,8 @@ ffi::Error UniqueValues(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 
 ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> first,
                   ffi::Result<ffi::AnyBuffer> inverse, ffi::Result<ffi::AnyBuffer> counts,
-                  ffi::Result<ffi::Buffer<ffi::S32>> total, bool sorted, bool equal_nan) {
+                  ffi::Result<ffi::Buffer<ffi::S32>> total, bool sorted, bool equal_nan,
+                  ffi::ThreadPool pool) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() == 0 || yd.size() == 0 || y->element_type() != x.element_type())
     return bad("Unique: x and y must be [..., n] and [..., capacity] of one dtype");
@@ -205,7 +218,7 @@ ffi::Error Unique(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<f
       for (int64_t b = 0; b < batch; ++b)
         unique_impl<U, Idx>(xs + b * n, n, Keys<U>{static_cast<U>(inf)}, equal_nan, sorted, cap,
                             ys + b * cap, f + b * cap, v + b * n, c + b * cap,
-                            total->typed_data() + b);
+                            total->typed_data() + b, OnPool{&pool, parts_for(pool, n, kSortGrain)});
       return ffi::Error::Success();
     });
   };
@@ -229,11 +242,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsUnique, jaxops::Unique,
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Attr<bool>("sorted")
-                                  .Attr<bool>("equal_nan"));
+                                  .Attr<bool>("equal_nan")
+                                  .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsUniqueValues, jaxops::UniqueValues,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Attr<bool>("equal_nan"));
+                                  .Attr<bool>("equal_nan")
+                                  .Ctx<xla::ffi::ThreadPool>());
