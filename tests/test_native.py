@@ -22,6 +22,7 @@ from jaxops import native
 from jaxops.backends import explain, use_backend
 from jaxops.core.errors import BackendUnavailableError
 from tests import test_op_matrix as matrix
+from tests.util import seed_of
 
 pytestmark = pytest.mark.skipif(not native.available(),
                                 reason=f"native kernels unavailable: {native.why_unavailable()}")
@@ -282,6 +283,25 @@ def test_unique_float_native_equals_xla():
     _unique_same(edges, sizes=(None, 9), equal_nan=False)
     _unique_same(ties[:200], sizes=(None,), equal_nan=False)
     _unique_same(rng.standard_normal(3000).astype(np.float32), sizes=(None,))
+
+
+def test_unique_of_large_inputs_equals_xla():
+    """Inputs long enough for the native sort and its de-duplication to be split among
+    XLA's intra-op threads (from 2 x 32768 elements), with the sorted keys ending in the
+    scratch buffer (three scattering passes) or in y itself (positive integers: the lowest
+    digit is the same everywhere, that pass is skipped; the de-duplication then overwrites
+    the keys it reads, on one thread); zeros of both signs, NaNs, capacities that cut."""
+    rng = np.random.default_rng(seed_of("unique", "large"))
+    n = 70_001
+    spread = rng.standard_normal(n).astype(np.float32)
+    integers = rng.integers(1, 6000, n).astype(np.float32)  # low 11 key bits all zero
+    ties = spread.round(2)
+    ties[::13] = -0.0
+    ties[5::17] = np.nan
+    ties[7::19] = UNIQUE_EDGES.view(np.float32)[3]  # a NaN of another sign and payload
+    for x in (spread, integers, ties):
+        _unique_same(x, sizes=(None, 1000))
+    _unique_same(ties, sizes=(None,), equal_nan=False)
 
 
 def test_unique_native_vmap_equals_xla():

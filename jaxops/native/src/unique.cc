@@ -136,15 +136,39 @@ void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t 
   const auto first_value = [&](U key) {
     for (int64_t i = 0;; ++i) if (keys(x[i]) == key) return x[i];
   };
-  int64_t m = 0, j = 0;
-  for (U previous{}; j < n; ++j) {
-    const U key = sorted[j];
-    if (key == keys.nan) break;
-    if (j > 0 && key == previous) continue;
-    previous = key;
-    if (m < cap) y[m] = key == keys.zero ? first_value(keys.zero) : value_of<U>(key);
-    ++m;
+  // The distinct keys before the NaNs (the largest keys), in order: each part counts the
+  // group starts in its stretch, then writes its values from its first place on. Where
+  // the keys sorted in y itself, values could overwrite keys another part has yet to
+  // read: one part then (in place, the m-th value at m <= j after key j is read).
+  const int64_t j = std::lower_bound(sorted, sorted + n, keys.nan) - sorted;
+  const int64_t parts = sorted == y ? 1 : run.parts();
+  std::vector<int64_t> place(parts + 1, 0);
+  const auto stretch = [&](int64_t p) { return std::make_pair(j * p / parts, j * (p + 1) / parts); };
+  const auto starts_group = [&](int64_t k) { return k == 0 || sorted[k] != sorted[k - 1]; };
+  const auto distinct = [&](int64_t p) {
+    const auto [begin, end] = stretch(p);
+    for (int64_t k = begin; k < end; ++k) place[p + 1] += starts_group(k);
+  };
+  const auto write = [&](int64_t p) {  // the previous key kept: y may hold the keys
+    const auto [begin, end] = stretch(p);
+    int64_t m = place[p];
+    U previous = begin > 0 ? sorted[begin - 1] : U{};
+    for (int64_t k = begin; k < end && m < cap; ++k) {
+      const U key = sorted[k];
+      if (k > 0 && key == previous) continue;
+      previous = key;
+      y[m++] = key == keys.zero ? first_value(keys.zero) : value_of<U>(key);
+    }
+  };
+  if (parts == 1) {
+    distinct(0);
+    write(0);
+  } else {
+    OnPool{run.pool, parts}(distinct);
+    for (int64_t p = 0; p < parts; ++p) place[p + 1] += place[p];
+    OnPool{run.pool, parts}(write);
   }
+  int64_t m = place[parts];
   if (j < n && equal_nan) {
     if (m < cap) y[m] = first_value(keys.nan);
     ++m;
