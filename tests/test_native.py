@@ -65,6 +65,12 @@ def _nonzero_inputs(rng):
     yield np.asarray(3, np.int8), [None]                          # 0-d
     yield rng.random(40_000) < 0.1, [None, 3000]                  # xla's blocked path
     yield rng.integers(-2, 3, (2, 3, 4, 5)).astype(np.int64), [None, 0, 1, 40, 200]
+    # long enough to be split among XLA's threads (2 x 2**18 elements): capacities cut in
+    # the first thread's stretch and in the second's; a mask, floats, two dimensions
+    yield rng.random(600_001) < 0.1, [None, 20_000, 45_000]
+    floats = np.where(rng.random(600_001) < 0.5, rng.standard_normal(600_001), 0)
+    yield floats.astype(np.float32), [None, 200_000]
+    yield rng.random((600, 1001)) < 0.05, [None, 20_000]
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -87,6 +93,9 @@ def test_masked_select_native_equals_xla():
         (np.array([1e-45, -1e-45, -0.0, np.nan], np.float32), np.ones(4, np.uint8), [None]),
         (np.array([6e-8, -6e-8, -0.0, 1], np.float16), np.array([1, 0, 2, 1], np.uint8), [None]),
         (rng.standard_normal(40_000).astype(np.float32), rng.random(40_000) < 0.1, [3000]),
+        # split among XLA's threads; capacities cut in either thread's stretch
+        (rng.standard_normal(600_001).astype(np.float32), rng.random(600_001) < 0.1,
+         [None, 20_000, 45_000]),
     ]
     op = jaxops.get_op("MaskedSelect")
     for x, mask, sizes in cases:

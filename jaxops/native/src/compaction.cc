@@ -7,12 +7,14 @@
 #include <complex>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 #include "common.h"
+#include "parallel.h"
 
 namespace jaxops {
 namespace {
@@ -68,6 +70,44 @@ int64_t compact(int64_t n, const uint8_t* bytes, Pred is_set, Emit emit, int64_t
   return k;
 }
 
+// Elements per compacting thread at least (below: one thread).
+constexpr int64_t kCompactGrain = int64_t{1} << 18;
+
+// compact() split among the runner's parts: each part counts the set positions of its
+// stretch (64-aligned), then emits its own from its first output place on, so the output
+// is the one-thread output, in the same order.
+template <typename Pred, typename Emit>
+int64_t compact_on(const OnPool& run, int64_t n, const uint8_t* bytes, Pred is_set, Emit emit,
+                   int64_t capacity) {
+  const int64_t parts = run.parts();
+  if (parts <= 1) return compact(n, bytes, is_set, emit, capacity);
+  const auto edge = [&](int64_t p) { return p == parts ? n : (n * p / parts) & ~int64_t{63}; };
+  std::vector<int64_t> start(parts + 1, 0);
+  const auto stretch = [&](int64_t p, int64_t room, auto out) {
+    const int64_t from = edge(p);
+    return compact(edge(p + 1) - from, bytes ? bytes + from : nullptr,
+                   [&](int64_t i) { return is_set(from + i); },
+                   [&](int64_t k, int64_t i) { out(k, from + i); }, room);
+  };
+  run([&](int64_t p) { start[p + 1] = stretch(p, 0, [](int64_t, int64_t) {}); });  // counts
+  for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
+  run([&](int64_t p) {
+    if (start[p] < capacity)
+      stretch(p, capacity - start[p], [&](int64_t k, int64_t i) { emit(start[p] + k, i); });
+  });
+  return start[parts];
+}
+
+// memset of a large block split among the runner's parts.
+inline void fill_on(const OnPool& run, void* data, int byte, int64_t bytes) {
+  if (bytes <= 0) return;
+  char* d = static_cast<char*>(data);
+  run([&](int64_t p) {
+    const int64_t from = bytes * p / run.parts(), to = bytes * (p + 1) / run.parts();
+    std::memset(d + from, byte, to - from);
+  });
+}
+
 // Calls fn(is_set, bytes) with the "x != 0" predicate of x's element type, decided on the
 // bits as float_bits.is_nonzero decides it (so whatever the float mode): a float is
 // non-zero when any bit but the sign is set, so subnormals and NaN are non-zero and -0.0
@@ -115,13 +155,14 @@ ffi::Error with_nonzero_predicate(const ffi::AnyBuffer& x, Fn fn) {
 // transpose), -1 after the results; count = the number of non-zero elements.
 template <typename Idx>
 ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64_t rank,
-                        int64_t capacity, bool transpose) {
+                        int64_t capacity, bool transpose, ffi::ThreadPool& pool) {
   auto dims = x.dimensions();
   if (rank < 1 || static_cast<int64_t>(dims.size()) < rank) return bad("NonZero: bad rank");
   const size_t lead = dims.size() - rank;
   const int64_t batch = product(dims, 0, lead), n = product(dims, lead, dims.size());
   // Where slot k of coordinate d lives in one batch element's output block.
   const int64_t slot_stride = transpose ? rank : 1, coord_stride = transpose ? 1 : capacity;
+  const OnPool run{&pool, parts_for(pool, n, kCompactGrain)};
   for (int64_t b = 0; b < batch; ++b) {
     Idx* o = out + b * rank * capacity;
     int64_t found = 0;
@@ -130,7 +171,7 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
       const int64_t off = b * n;
       auto at = [&](int64_t i) { return is_set(off + i); };
       auto emit = [&](int64_t k, int64_t i) { o[k * slot_stride] = static_cast<Idx>(i); };
-      found = compact(n, bytes ? bytes + off : nullptr, at, emit, capacity);
+      found = compact_on(run, n, bytes ? bytes + off : nullptr, at, emit, capacity);
       return ffi::Error::Success();
     });
     if (err.failure()) return err;
@@ -147,8 +188,8 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
     }
     // The padding (-1: every byte 0xff): one contiguous block per coordinate, or one block
     // in the transposed layout; memset is several times faster than a strided loop here.
-    const auto fill = [](Idx* from, int64_t count) {
-      if (count > 0) std::memset(static_cast<void*>(from), 0xff, sizeof(Idx) * count);
+    const auto fill = [&](Idx* from, int64_t count) {
+      fill_on(OnPool{&pool, parts_for(pool, count, kCompactGrain)}, from, 0xff, sizeof(Idx) * count);
     };
     if (transpose) fill(o + kept * rank, (capacity - kept) * rank);
     else for (int64_t d = 0; d < rank; ++d) fill(o + d * capacity + kept, capacity - kept);
@@ -159,15 +200,15 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
 
 ffi::Error NonZero(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t rank, int64_t capacity,
-                   bool transpose) {
+                   bool transpose, ffi::ThreadPool pool) {
   advise_huge_pages(out->untyped_data(), out->size_bytes());
   switch (out->element_type()) {
     case ffi::DataType::S32:
       return nonzero_impl(x, static_cast<int32_t*>(out->untyped_data()), count->typed_data(),
-                          rank, capacity, transpose);
+                          rank, capacity, transpose, pool);
     case ffi::DataType::S64:
       return nonzero_impl(x, static_cast<int64_t*>(out->untyped_data()), count->typed_data(),
-                          rank, capacity, transpose);
+                          rank, capacity, transpose, pool);
     default: return bad("NonZero: index output must be int32 or int64");
   }
 }
@@ -176,16 +217,18 @@ ffi::Error NonZero(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
 // zeros after them; count = the number selected. Elements are copied as raw words.
 template <typename W>
 void masked_select_impl(const W* x, const uint8_t* mask, W* y, int32_t* count, int64_t batch,
-                        int64_t n, int64_t capacity) {
+                        int64_t n, int64_t capacity, ffi::ThreadPool& pool) {
+  const OnPool run{&pool, parts_for(pool, n, kCompactGrain)};
   for (int64_t b = 0; b < batch; ++b) {
     const W* xb = x + b * n;
     const uint8_t* mb = mask + b * n;
     W* yb = y + b * capacity;
-    const int64_t found = compact(
-        n, mb, [=](int64_t i) { return mb[i] != 0; },
+    const int64_t found = compact_on(
+        run, n, mb, [=](int64_t i) { return mb[i] != 0; },
         [=](int64_t k, int64_t i) { yb[k] = xb[i]; }, capacity);
-    std::memset(static_cast<void*>(yb + std::min(found, capacity)), 0,
-                sizeof(W) * (capacity - std::min(found, capacity)));
+    const int64_t rest = capacity - std::min(found, capacity);
+    fill_on(OnPool{&pool, parts_for(pool, rest, kCompactGrain)}, yb + std::min(found, capacity), 0,
+            sizeof(W) * rest);
     count[b] = static_cast<int32_t>(found);
   }
 }
@@ -193,7 +236,8 @@ void masked_select_impl(const W* x, const uint8_t* mask, W* y, int32_t* count, i
 struct Word128 { uint64_t lo, hi; };
 
 ffi::Error MaskedSelect(ffi::AnyBuffer x, ffi::AnyBuffer mask, ffi::Result<ffi::AnyBuffer> y,
-                        ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t capacity) {
+                        ffi::Result<ffi::Buffer<ffi::S32>> count, int64_t capacity,
+                        ffi::ThreadPool pool) {
   const int64_t total = x.element_count();
   if (static_cast<int64_t>(mask.element_count()) != total || ffi::ByteWidth(mask.element_type()) != 1)
     return bad("MaskedSelect: mask must be one byte per element, shaped like x");
@@ -204,11 +248,11 @@ ffi::Error MaskedSelect(ffi::AnyBuffer x, ffi::AnyBuffer mask, ffi::Result<ffi::
   advise_huge_pages(out, y->size_bytes());
   const void* in = x.untyped_data();
   switch (ffi::ByteWidth(x.element_type())) {
-    case 1: masked_select_impl(static_cast<const uint8_t*>(in), m, static_cast<uint8_t*>(out), c, batch, n, capacity); break;
-    case 2: masked_select_impl(static_cast<const uint16_t*>(in), m, static_cast<uint16_t*>(out), c, batch, n, capacity); break;
-    case 4: masked_select_impl(static_cast<const uint32_t*>(in), m, static_cast<uint32_t*>(out), c, batch, n, capacity); break;
-    case 8: masked_select_impl(static_cast<const uint64_t*>(in), m, static_cast<uint64_t*>(out), c, batch, n, capacity); break;
-    case 16: masked_select_impl(static_cast<const Word128*>(in), m, static_cast<Word128*>(out), c, batch, n, capacity); break;
+    case 1: masked_select_impl(static_cast<const uint8_t*>(in), m, static_cast<uint8_t*>(out), c, batch, n, capacity, pool); break;
+    case 2: masked_select_impl(static_cast<const uint16_t*>(in), m, static_cast<uint16_t*>(out), c, batch, n, capacity, pool); break;
+    case 4: masked_select_impl(static_cast<const uint32_t*>(in), m, static_cast<uint32_t*>(out), c, batch, n, capacity, pool); break;
+    case 8: masked_select_impl(static_cast<const uint64_t*>(in), m, static_cast<uint64_t*>(out), c, batch, n, capacity, pool); break;
+    case 16: masked_select_impl(static_cast<const Word128*>(in), m, static_cast<Word128*>(out), c, batch, n, capacity, pool); break;
     default: return bad("MaskedSelect: unsupported element width");
   }
   return ffi::Error::Success();
@@ -224,7 +268,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsNonZero, jaxops::NonZero,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Attr<int64_t>("rank")
                                   .Attr<int64_t>("capacity")
-                                  .Attr<bool>("transpose"));
+                                  .Attr<bool>("transpose")
+                                  .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsMaskedSelect, jaxops::MaskedSelect,
                               xla::ffi::Ffi::Bind()
@@ -232,4 +277,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsMaskedSelect, jaxops::MaskedSelect,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Attr<int64_t>("capacity"));
+                                  .Attr<int64_t>("capacity")
+                                  .Ctx<xla::ffi::ThreadPool>());
