@@ -9,8 +9,8 @@
 //                    each in the first reusable slot not taken by a lower index;
 //   JaxopsHashRows   gather: rows of the slots, a default row where the slot is -1;
 //   JaxopsHashFindRows  find: the two above in one pass (live slots and their rows).
-// Find, Rows and FindRows split their keys among XLA's intra-op threads (parallel.h); First
-// and Place decide in index order and run on one thread.
+// Find, Rows and FindRows split their keys among XLA's intra-op threads (parallel.h), First
+// its keys by hash; Place decides in index order and runs on one thread.
 // Place marks the slots it hands out with PENDING in the table's flags (aliased: the flags
 // buffer is updated in place, O(batch)); the caller overwrites every placed slot's flags,
 // as it does after the xla walk, whose scratch covers the same slots.
@@ -92,7 +92,7 @@ JAXOPS_AVX2 inline __m128i mod4(__m128i x, __m256d d, __m256d inv) {
 // homes of keys [0, n) 8 at a time; returns how many it did (a multiple of 8)
 JAXOPS_AVX2 int64_t home_slots_avx2(const uint32_t* lo, const uint32_t* hi, int64_t n,
                                     uint32_t size, uint32_t* out) {
-  const __m256d d = _mm256_set1_pd(size), inv = _mm256_set1_pd(1.0 / size);
+  const __m256d d = _mm256_set1_pd(size), inv = _mm256_set1_pd(size ? 1.0 / size : 0.0);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256i h = mix8(mix8(_mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i))),
@@ -101,6 +101,10 @@ JAXOPS_AVX2 int64_t home_slots_avx2(const uint32_t* lo, const uint32_t* hi, int6
     h = _mm256_mullo_epi32(_mm256_xor_si256(h, _mm256_srli_epi32(h, 16)), _mm256_set1_epi32(0x85EBCA6Bu));
     h = _mm256_mullo_epi32(_mm256_xor_si256(h, _mm256_srli_epi32(h, 13)), _mm256_set1_epi32(0xC2B2AE35u));
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    if (size == 0) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+      continue;
+    }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), mod4(_mm256_castsi256_si128(h), d, inv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 4), mod4(_mm256_extracti128_si256(h, 1), d, inv));
   }
@@ -108,14 +112,19 @@ JAXOPS_AVX2 int64_t home_slots_avx2(const uint32_t* lo, const uint32_t* hi, int6
 }
 #endif
 
-// out[i] = murmur(lo[i], hi[i]) % size: eight keys at a time where the CPU has AVX2
-// (checked at run time; the same numbers either way, test_native_hash compares them).
+// out[i] = murmur(lo[i], hi[i]) % size (size 0: the hash itself): eight keys at a time
+// where the CPU has AVX2 (checked at run time; the same numbers either way,
+// test_native_hash compares them with the xla walks').
 void home_slots(const uint32_t* lo, const uint32_t* hi, int64_t n, uint32_t size, uint32_t* out) {
   int64_t done = 0;
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) done = home_slots_avx2(lo, hi, n, size, out);
 #endif
+  if (size == 0) {
+    for (int64_t i = done; i < n; ++i) out[i] = murmur(lo[i], hi[i]);
+    return;
+  }
   const ModBy mod(size);
   for (int64_t i = done; i < n; ++i) out[i] = mod(murmur(lo[i], hi[i]));
 }
@@ -219,8 +228,12 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
   return ffi::Error::Success();
 }
 
+// Keys of one value hash alike, so they fall in one part (by the hash's top bits): each
+// part finds its keys' first occurrences on its own thread, walking its pending indices in
+// ascending order through its own open-addressing table.
 ffi::Error HashFirst(ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
-                     ffi::Buffer<ffi::PRED> pending, ffi::Result<ffi::Buffer<ffi::S32>> first) {
+                     ffi::Buffer<ffi::PRED> pending, ffi::Result<ffi::Buffer<ffi::S32>> first,
+                     ffi::ThreadPool pool) {
   const int64_t n = lo.element_count();
   if (hi.element_count() != n || pending.element_count() != n || first->element_count() != n)
     return bad("HashFirst: key arrays [N] expected");
@@ -228,37 +241,47 @@ ffi::Error HashFirst(ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
   const uint32_t* qh = hi.typed_data();
   const bool* on = pending.typed_data();
   int32_t* out = first->typed_data();
-  int64_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
   return guarded("HashFirst", [&] {
-    Scratch<int32_t> seen(cap);  // open addressing over batch indices; -1: free
-    std::fill(seen.get(), seen.get() + cap, -1);
-    int32_t* tab = seen.get();
-    const uint64_t mask = static_cast<uint64_t>(cap - 1);
-    std::vector<uint32_t> ring(kAhead);  // hashes of the next kAhead keys, lines asked for
-    auto ask = [&](int64_t j) {
-      ring[j % kAhead] = murmur(ql[j], qh[j]);
-      prefetch(tab + (ring[j % kAhead] & mask));
-    };
-    for (int64_t j = 0; j < std::min<int64_t>(kAhead, n); ++j) ask(j);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t hash = ring[i % kAhead];
-      if (i + kAhead < n) ask(i + kAhead);
-      out[i] = static_cast<int32_t>(i);
-      if (!on[i]) continue;
-      const uint32_t a = ql[i], b = qh[i];
-      for (uint64_t p = hash & mask;; p = (p + 1) & mask) {
-        const int32_t j = tab[p];
-        if (j < 0) {
-          tab[p] = static_cast<int32_t>(i);
-          break;
-        }
-        if (ql[j] == a && qh[j] == b) {
-          out[i] = j;
-          break;
+    Scratch<uint32_t> hashes(n);
+    parallel_for(pool, n, kGrain, [&](int64_t begin, int64_t end) {
+      home_slots(ql + begin, qh + begin, end - begin, 0, hashes.get() + begin);
+      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<int32_t>(i);
+    });
+    const int64_t parts = parts_for(pool, n, kGrain);
+    const auto part_of = [&](uint32_t h) { return static_cast<int64_t>((uint64_t{h} * parts) >> 32); };
+    std::vector<int64_t> start(parts + 1, 0);
+    for (int64_t i = 0; i < n; ++i) start[part_of(hashes.get()[i]) + 1] += on[i];
+    for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
+    Scratch<int32_t> order(start[parts]);  // the pending indices by part, ascending in each
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n; ++i)
+      if (on[i]) order.get()[next[part_of(hashes.get()[i])]++] = static_cast<int32_t>(i);
+    run_parts(pool, parts, [&](int64_t p) {
+      const int32_t* idx = order.get() + start[p];
+      const int64_t m = start[p + 1] - start[p];
+      int64_t cap = 16;
+      while (cap < 2 * m) cap <<= 1;
+      Scratch<int32_t> seen(cap);  // open addressing over batch indices; -1: free
+      int32_t* tab = seen.get();
+      std::fill(tab, tab + cap, -1);
+      const uint64_t mask = static_cast<uint64_t>(cap - 1);
+      for (int64_t k = 0; k < m; ++k) {
+        if (k + kAhead < m) prefetch(tab + (hashes.get()[idx[k + kAhead]] & mask));
+        const int32_t i = idx[k];
+        const uint32_t a = ql[i], b = qh[i];
+        for (uint64_t q = hashes.get()[i] & mask;; q = (q + 1) & mask) {
+          const int32_t j = tab[q];
+          if (j < 0) {
+            tab[q] = i;
+            break;
+          }
+          if (ql[j] == a && qh[j] == b) {
+            out[i] = j;
+            break;
+          }
         }
       }
-    }
+    });
     return ffi::Error::Success();
   });
 }
@@ -477,7 +500,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashFirst, jaxops::HashFirst,
                                   .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::PRED>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>());
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashPlace, jaxops::HashPlace,
                               xla::ffi::Ffi::Bind()
