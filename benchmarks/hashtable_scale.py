@@ -17,11 +17,13 @@ Run through the runner: ``python -m benchmarks [--quick] --only hashtable_scale`
   per key (flags, key and counter words, last access, the row) at 4,096 random slots, at
   that size vs 2^16. No hashing or probing is in it, so it is how much a step that reads
   those lines must grow from cache misses and TLB misses alone. Measured 2026-12-04 (quiet
-  machine, 4 KiB pages, two runs): the floor grew 1.5-2.1x at 2^22 and 2.2-4.3x at 2^24,
-  the step on the native walks 1.60-1.73x and 2.27-2.43x (0.37 -> 0.87-0.91 ms), on the xla
-  walks (``JAXOPS_NATIVE=0``, one run) 1.57x and 1.36x (1.16 -> 1.57 ms): the native step
-  is faster at every size and grows like the floor, but its self-ratio misses 1.5 because
-  its 2^16 step is cache-resident.
+  machine, 4 KiB pages): the floor grew 1.5-2.1x at 2^22 and 1.9-4.3x at 2^24; the step on
+  the native walks, one thread (two runs), 1.60-1.73x and 2.27-2.43x (0.37 -> 0.87-0.91 ms);
+  on the native walks split among XLA's two threads (three runs) 1.48-1.54x and 1.77-1.96x
+  (0.43-0.49 -> 0.79-0.87 ms; in-process A/B, threads vs one: the same at 2^16, 8 % faster
+  at 2^24); on the xla walks (``JAXOPS_NATIVE=0``, one run) 1.57x and 1.36x (1.16 -> 1.57
+  ms). The native step is faster at every size and grows less than the floor, but its
+  self-ratio misses 1.5 because its 2^16 step is cache-resident.
 - insert throughput as the table fills: a batch of new keys inserted into a table at 87.5 %
   load, side by side with the same batch into a table at 50 % load (target: >= 1/4 of
   its keys/s, i.e. a time ratio <= 4). Every timed insert goes into a fresh copy of the
