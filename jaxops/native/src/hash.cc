@@ -404,9 +404,9 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
   return guarded("HashFindRows", [&] {
     Scratch<uint32_t> homes(n);
     Scratch<Entry> sorted(n);
-    std::vector<int64_t> at(parts * regions, 0);  // at[p * regions + r]: part p's next place in region r
+    std::vector<int64_t> place(parts * regions, 0);  // [p * regions + r]: part p's next place in region r
     run_parts(pool, parts, [&](int64_t p) {
-      int64_t* count = at.data() + p * regions;
+      int64_t* count = place.data() + p * regions;
       const auto [begin, end] = key_range(p);
       home_slots(ql + begin, qh + begin, end - begin, static_cast<uint32_t>(size), homes.get() + begin);
       for (int64_t i = begin; i < end; ++i) ++count[region(homes.get()[i])];
@@ -414,11 +414,11 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
     std::vector<int64_t> region_start(regions + 1, 0);
     for (int64_t r = 0, sum = 0; r < regions; ++r) {
       region_start[r] = sum;
-      for (int64_t p = 0; p < parts; ++p) sum += std::exchange(at[p * regions + r], sum);
+      for (int64_t p = 0; p < parts; ++p) sum += std::exchange(place[p * regions + r], sum);
       region_start[r + 1] = sum;
     }
     run_parts(pool, parts, [&](int64_t p) {
-      int64_t* next = at.data() + p * regions;
+      int64_t* next = place.data() + p * regions;
       for (int64_t i = key_range(p).first; i < key_range(p).second; ++i) {
         const uint32_t h = homes.get()[i];
         sorted.get()[next[region(h)]++] = Entry{ql[i], qh[i], h, static_cast<uint32_t>(i)};
@@ -426,8 +426,8 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
     });
     run_parts(pool, parts, [&](int64_t p) {  // the walks: slots only
       // whole regions: from the region holding sorted entry n p / parts on
-      auto first_of = [&](int64_t p) {
-        return *std::lower_bound(region_start.begin(), region_start.end(), n * p / parts);
+      auto first_of = [&](int64_t part) {
+        return *std::lower_bound(region_start.begin(), region_start.end(), n * part / parts);
       };
       const int64_t end = p + 1 == parts ? n : first_of(p + 1);
       // Within a region the keys come in no order: each region's keys are first put in
