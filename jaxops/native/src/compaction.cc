@@ -98,13 +98,13 @@ int64_t compact_on(const OnPool& run, int64_t n, const uint8_t* bytes, Pred is_s
   return start[parts];
 }
 
-// memset of a large block split among the runner's parts.
-inline void fill_on(const OnPool& run, void* data, int byte, int64_t bytes) {
+// memset of a large block split among the pool's threads (at least kCompactGrain int32
+// words' worth of bytes each).
+inline void fill_on(ffi::ThreadPool& pool, void* data, int byte, int64_t bytes) {
   if (bytes <= 0) return;
   char* d = static_cast<char*>(data);
-  run([&](int64_t p) {
-    const int64_t from = bytes * p / run.parts(), to = bytes * (p + 1) / run.parts();
-    std::memset(d + from, byte, to - from);
+  parallel_for(pool, bytes, kCompactGrain * 4, [&](int64_t begin, int64_t end) {
+    std::memset(d + begin, byte, end - begin);
   });
 }
 
@@ -189,7 +189,7 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
     // The padding (-1: every byte 0xff): one contiguous block per coordinate, or one block
     // in the transposed layout; memset is several times faster than a strided loop here.
     const auto fill = [&](Idx* from, int64_t count) {
-      fill_on(OnPool{&pool, parts_for(pool, count, kCompactGrain)}, from, 0xff, sizeof(Idx) * count);
+      fill_on(pool, from, 0xff, sizeof(Idx) * count);
     };
     if (transpose) fill(o + kept * rank, (capacity - kept) * rank);
     else for (int64_t d = 0; d < rank; ++d) fill(o + d * capacity + kept, capacity - kept);
@@ -227,8 +227,7 @@ void masked_select_impl(const W* x, const uint8_t* mask, W* y, int32_t* count, i
         run, n, mb, [=](int64_t i) { return mb[i] != 0; },
         [=](int64_t k, int64_t i) { yb[k] = xb[i]; }, capacity);
     const int64_t rest = capacity - std::min(found, capacity);
-    fill_on(OnPool{&pool, parts_for(pool, rest, kCompactGrain)}, yb + std::min(found, capacity), 0,
-            sizeof(W) * rest);
+    fill_on(pool, yb + std::min(found, capacity), 0, sizeof(W) * rest);
     count[b] = static_cast<int32_t>(found);
   }
 }

@@ -70,22 +70,26 @@ void run_parts(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body) {
   if (state->failed) throw std::bad_alloc();
 }
 
-// body(begin, end) over disjoint ranges covering [0, n), one per part (see parts_for).
-template <typename Body>
-void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Body& body) {
-  const int64_t parts = parts_for(pool, n, grain);
-  run_parts(pool, parts, [&](int64_t p) { body(n * p / parts, n * (p + 1) / parts); });
-}
-
 // A runner of `parts` parts on the pool (run(body) is run_parts(pool, parts, body)), for
 // code written against a runner (radix_sort.h's OneThread is the one-thread one).
+// ranges(n, body) calls body(begin, end) on disjoint ranges covering [0, n), one per part.
 struct OnPool {
   xla::ffi::ThreadPool* pool;
   int64_t count;
   int64_t parts() const { return count; }
   template <typename Body>
   void operator()(const Body& body) const { run_parts(*pool, count, body); }
+  template <typename Body>
+  void ranges(int64_t n, const Body& body) const {
+    run_parts(*pool, count, [&](int64_t p) { body(n * p / count, n * (p + 1) / count); });
+  }
 };
+
+// body(begin, end) over disjoint ranges covering [0, n), one per part (see parts_for).
+template <typename Body>
+void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Body& body) {
+  OnPool{&pool, parts_for(pool, n, grain)}.ranges(n, body);
+}
 
 }  // namespace jaxops
 

@@ -69,9 +69,8 @@ void unique_impl(const U* x, int64_t n, Keys<U> keys, bool equal_nan, bool sorte
                  U* y, Idx* first_out, Idx* inverse, Idx* counts_out, int32_t* total,
                  const OnPool& run) {
   Scratch<KeyPair<U>> pairs_a(n), pairs_t(n);
-  run([&](int64_t p) {
-    for (int64_t i = n * p / run.parts(); i < n * (p + 1) / run.parts(); ++i)
-      pairs_a.get()[i] = {keys(x[i]), static_cast<uint32_t>(i)};
+  run.ranges(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) pairs_a.get()[i] = {keys(x[i]), static_cast<uint32_t>(i)};
   });
   const KeyPair<U>* pairs = radix_sort(pairs_a.get(), pairs_t.get(), n, run);
   // per sorted group: first position, count, key; a NaN key starts a group of its own
@@ -129,8 +128,8 @@ void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t 
   // m <= j, after key j is read).
   Scratch<U> t(n), own(cap >= n ? 0 : n);
   U* a = cap >= n ? y : own.get();
-  run([&](int64_t p) {
-    for (int64_t i = n * p / run.parts(); i < n * (p + 1) / run.parts(); ++i) a[i] = keys(x[i]);
+  run.ranges(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) a[i] = keys(x[i]);
   });
   const U* sorted = radix_sort(a, t.get(), n, run);
   const auto first_value = [&](U key) {
@@ -142,6 +141,7 @@ void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t 
   // read: one part then (in place, the m-th value at m <= j after key j is read).
   const int64_t j = std::lower_bound(sorted, sorted + n, keys.nan) - sorted;
   const int64_t parts = sorted == y ? 1 : run.parts();
+  const OnPool dedupe{run.pool, parts};
   std::vector<int64_t> place(parts + 1, 0);
   const auto stretch = [&](int64_t p) { return std::make_pair(j * p / parts, j * (p + 1) / parts); };
   const auto starts_group = [&](int64_t k) { return k == 0 || sorted[k] != sorted[k - 1]; };
@@ -160,14 +160,9 @@ void unique_values(const U* x, int64_t n, Keys<U> keys, bool equal_nan, int64_t 
       y[m++] = key == keys.zero ? first_value(keys.zero) : value_of<U>(key);
     }
   };
-  if (parts == 1) {
-    distinct(0);
-    write(0);
-  } else {
-    OnPool{run.pool, parts}(distinct);
-    for (int64_t p = 0; p < parts; ++p) place[p + 1] += place[p];
-    OnPool{run.pool, parts}(write);
-  }
+  dedupe(distinct);
+  for (int64_t p = 0; p < parts; ++p) place[p + 1] += place[p];
+  dedupe(write);
   int64_t m = place[parts];
   if (j < n && equal_nan) {
     if (m < cap) y[m] = first_value(keys.nan);
