@@ -313,6 +313,25 @@ def test_unique_of_large_inputs_equals_xla():
     _unique_same(ties, sizes=(None,), equal_nan=False)
 
 
+def test_scratch_is_kept_between_calls_and_released():
+    """Scratch blocks of 1 MB or more stay with the library between calls (no fresh pages
+    to fault in) and release_scratch gives them back; a kept block holds the last call's
+    data, which the next call must not read: unique of another input of the same size,
+    through the same blocks, still equals xla."""
+    rng = np.random.default_rng(seed_of("unique", "scratch"))
+    a, b = (rng.standard_normal(300_000).astype(np.float32) for _ in range(2))
+    unique = {k: jax.jit(lambda v, k=k: jaxops.unique(v, return_counts=True, backend=k))
+              for k in ("native", "xla")}
+    native.release_scratch()
+    jax.block_until_ready(unique["native"](a))
+    kept = native.release_scratch()
+    assert kept >= 2 * a.size * 8, kept  # at least the sort's two buffers of (key, index)
+    assert native.release_scratch() == 0
+    for x in (a, b, a):
+        chex.assert_trees_all_equal(unique["native"](x), unique["xla"](x))
+    assert native.release_scratch() > 0
+
+
 def test_unique_native_vmap_equals_xla():
     x = np.random.default_rng(8).standard_normal((3, 50)).astype(np.float32).round(0)
     f = {b: jax.jit(jax.vmap(lambda v, b=b: jaxops.unique(
