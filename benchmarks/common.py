@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -74,6 +75,12 @@ class Result:
     note: str = ""
     ours_best_s: float | None = None  # fastest repeat of each side, when timed by compare()
     peer_best_s: float | None = None
+    # page faults per timed call (median), when timed by compare(): a call whose output
+    # lands on pages the process never touched faults each one in (here about 2.5 us per
+    # 4 KB page), which can be most of its time; whether it does depends on what the
+    # allocator freed before, so it can differ between runs of the same case
+    ours_faults: int | None = None
+    peer_faults: int | None = None
 
     @property
     def ratio(self) -> float:
@@ -114,18 +121,22 @@ def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[
         _block(ours())
         _block(reset())
         _block(peer())
-    a, b = [], []
+    times, faults = ([], []), ([], [])
     for _ in range(repeats):
-        _block(reset())
-        t0 = time.perf_counter()
-        _block(ours())
-        a.append(time.perf_counter() - t0)
-        _block(reset())
-        t0 = time.perf_counter()
-        _block(peer())
-        b.append(time.perf_counter() - t0)
+        for side, fn in enumerate((ours, peer)):
+            _block(reset())
+            f0, t0 = _minor_faults(), time.perf_counter()
+            _block(fn())
+            times[side].append(time.perf_counter() - t0)
+            faults[side].append(_minor_faults() - f0)
+    (a, b), (fa, fb) = times, faults
     return Result(name, statistics.median(a), peer_name, statistics.median(b), target, note,
-                  min(a), min(b))
+                  min(a), min(b), int(statistics.median(fa)), int(statistics.median(fb)))
+
+
+def _minor_faults() -> int:
+    """Page faults of this process so far that needed no disk (fresh or reused pages)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def format_table(results: list[Result]) -> str:
@@ -155,6 +166,10 @@ def report(results: list[Result], json_path: str | None) -> None:
     for r in results:
         if r.note:
             print(f"  {r.name} vs {r.peer}: {r.note}")
+    faulting = [r for r in results if max(r.ours_faults or 0, r.peer_faults or 0) >= 1000]
+    for r in faulting:
+        print(f"  {r.name} vs {r.peer}: page faults per call {r.ours_faults} (ours), "
+              f"{r.peer_faults} (peer)")
     if json_path:
         write_json(results, json_path)
         print(f"wrote {json_path}")

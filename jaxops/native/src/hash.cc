@@ -66,6 +66,12 @@ class ModBy {
 };
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
+// A line read once and not again soon (a row copied out): into L1, kept out of the outer
+// caches (measured on find's rows: 1-5 % faster than prefetch()).
+inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }
+// A line about to be written (its read for ownership starts early; measured on find's
+// slots, written in region order: 0.3 ms of 5.5 for 1M keys).
+inline void prefetch_for_write(void* p) { __builtin_prefetch(p, 1, 1); }
 
 #if defined(__x86_64__)
 #define JAXOPS_AVX2 __attribute__((target("avx2")))
@@ -496,6 +502,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
             prefetch(fl + h);
             prefetch(klo + h);
             prefetch(khi + h);
+            prefetch_for_write(out_slot + local[k + kAhead].index);  // a random line
           }
           const Entry e = local[k];
           out_slot[e.index] = live_slot(klo, khi, fl, size, e.home, e.lo, e.hi);
@@ -506,7 +513,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
       const auto [begin, end] = key_range(p);
       for (int64_t i = begin; i < end; ++i) {
         if (i + kRowsAhead < end && out_slot[i + kRowsAhead] >= 0)
-          prefetch(v + int64_t{out_slot[i + kRowsAhead]} * dim);
+          prefetch_once(v + int64_t{out_slot[i + kRowsAhead]} * dim);
         const int32_t at = out_slot[i];
         float* row = out + i * dim;
         if (at >= 0) {
