@@ -211,9 +211,16 @@ void walk_in_home_order(ffi::ThreadPool& pool, const uint32_t* klo, const uint32
   auto key_range = [&](int64_t p) { return std::make_pair(n * p / parts, n * (p + 1) / parts); };
   const int64_t buckets = parts * regions;  // bucket p * regions + r: part p's keys of region r
   std::vector<int64_t> start(buckets), room(buckets), filled(buckets);
-  // homes of keys [i, i + m), m <= 256, into homes
-  auto hash_block = [&](int64_t i, int64_t m, uint32_t* homes) {
-    home_slots(ql + i, qh + i, m, static_cast<uint32_t>(size), homes);
+  // fn(i, home) for each key i of part p in order, hashed 256 at a time; stops when fn
+  // returns false
+  auto each_home = [&](int64_t p, auto&& fn) {
+    uint32_t homes[256];
+    for (auto [i, end] = key_range(p); i < end; i += 256) {
+      const int64_t m = std::min<int64_t>(256, end - i);
+      home_slots(ql + i, qh + i, m, static_cast<uint32_t>(size), homes);
+      for (int64_t j = 0; j < m; ++j)
+        if (!fn(i + j, homes[j])) return;
+    }
   };
   // Fills every bucket from its start, up to its room; false if some bucket ran out.
   auto fill_buckets = [&](HomeEntry* to) {
@@ -223,19 +230,15 @@ void walk_in_home_order(ffi::ThreadPool& pool, const uint32_t* klo, const uint32
       const int64_t* at = start.data() + p * regions;
       const int64_t* cap = room.data() + p * regions;
       std::fill(count, count + regions, 0);
-      uint32_t homes[256];
-      for (auto [i, end] = key_range(p); i < end; i += 256) {
-        const int64_t m = std::min<int64_t>(256, end - i);
-        hash_block(i, m, homes);
-        for (int64_t j = 0; j < m; ++j) {
-          const int64_t r = region(homes[j]);
-          if (count[r] == cap[r]) {
-            full[p] = 1;
-            return;
-          }
-          to[at[r] + count[r]++] = HomeEntry{ql[i + j], qh[i + j], homes[j], static_cast<uint32_t>(i + j)};
+      each_home(p, [&](int64_t i, uint32_t home) {
+        const int64_t r = region(home);
+        if (count[r] == cap[r]) {
+          full[p] = 1;
+          return false;
         }
-      }
+        to[at[r] + count[r]++] = HomeEntry{ql[i], qh[i], home, static_cast<uint32_t>(i)};
+        return true;
+      });
     });
     return std::find(full.begin(), full.end(), 1) == full.end();
   };
@@ -244,15 +247,13 @@ void walk_in_home_order(ffi::ThreadPool& pool, const uint32_t* klo, const uint32
   std::unique_ptr<Scratch<HomeEntry>> bucketed(new Scratch<HomeEntry>(buckets * cap));
   for (int64_t b = 0; b < buckets; ++b) start[b] = b * cap, room[b] = cap;
   if (!fill_buckets(bucketed->get())) {
-    run_parts(pool, parts, [&](int64_t p) {
+    run_parts(pool, parts, [&](int64_t p) {  // the room each bucket needs: its count
       int64_t* count = room.data() + p * regions;
       std::fill(count, count + regions, 0);
-      uint32_t homes[256];
-      for (auto [i, end] = key_range(p); i < end; i += 256) {
-        const int64_t m = std::min<int64_t>(256, end - i);
-        hash_block(i, m, homes);
-        for (int64_t j = 0; j < m; ++j) ++count[region(homes[j])];
-      }
+      each_home(p, [&](int64_t, uint32_t home) {
+        ++count[region(home)];
+        return true;
+      });
     });
     for (int64_t b = 0, sum = 0; b < buckets; ++b) start[b] = sum, sum += room[b];
     bucketed.reset();
