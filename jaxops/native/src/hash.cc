@@ -473,27 +473,35 @@ ffi::Error HashPlace(ffi::Buffer<ffi::U8> flags_in, ffi::Buffer<ffi::S32> home,
   return ffi::Error::Success();
 }
 
+// out[i] = the row of slots[i] (values: [count, dim]), fill where the slot is outside
+// [0, count), for i in [0, n): split among XLA's threads, written in sequence, each row
+// read kRowsAhead rows ahead (a dense gather's pattern: one random line a row).
+void copy_rows(ffi::ThreadPool& pool, const float* v, int64_t count, int64_t dim,
+               const int32_t* slots, int64_t n, float fill, float* out) {
+  advise_huge_pages(out, n * dim * sizeof(float));
+  parallel_for(pool, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kRowsAhead < end && slots[i + kRowsAhead] >= 0 && slots[i + kRowsAhead] < count)
+        prefetch_once(v + int64_t{slots[i + kRowsAhead]} * dim);
+      const int32_t at = slots[i];
+      float* row = out + i * dim;
+      if (at >= 0 && at < count) {
+        const float* from = v + int64_t{at} * dim;
+        for (int64_t c = 0; c < dim; ++c) row[c] = from[c];  // short rows: no memcpy call
+      } else {
+        std::fill(row, row + dim, fill);
+      }
+    }
+  });
+}
+
 ffi::Error HashRows(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> slots,
                     ffi::Result<ffi::Buffer<ffi::F32>> rows, float f, ffi::ThreadPool pool) {
   auto vd = values.dimensions();
   if (vd.size() != 2 || rows->element_count() != slots.element_count() * vd[1])
     return bad("HashRows: values [rows, dim], slots [N], rows [N, dim] expected");
-  const int64_t count = vd[0], dim = vd[1], n = slots.element_count();
-  const float* v = values.typed_data();
-  const int32_t* s = slots.typed_data();
-  float* out = rows->typed_data();
-  advise_huge_pages(out, rows->size_bytes());
-  parallel_for(pool, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < end && s[i + kAhead] >= 0 && s[i + kAhead] < count)
-        prefetch(v + int64_t{s[i + kAhead]} * dim);
-      const int32_t at = s[i];
-      if (at >= 0 && at < count)
-        std::memcpy(out + i * dim, v + int64_t{at} * dim, dim * sizeof(float));
-      else
-        std::fill(out + i * dim, out + (i + 1) * dim, f);
-    }
-  });
+  copy_rows(pool, values.typed_data(), vd[0], vd[1], slots.typed_data(), slots.element_count(),
+            f, rows->typed_data());
   return ffi::Error::Success();
 }
 
@@ -526,7 +534,6 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
   const float* v = values.typed_data();
   int32_t* out_slot = slot->typed_data();
   float* out = rows->typed_data();
-  advise_huge_pages(out, rows->size_bytes());
   advise_huge_pages(out_slot, slot->size_bytes());
   return guarded("HashFindRows", [&] {
     // the live slots, keys in home order (regions sized for the table with its rows)
@@ -534,20 +541,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
         pool, klo, khi, fl, size, 4 * dim + 9, lo.typed_data(), hi.typed_data(), n,
         [&](const HomeEntry& e) { prefetch_for_write(out_slot + e.index); },  // a random line
         [&](const HomeEntry& e) { out_slot[e.index] = live_slot(klo, khi, fl, size, e.home, e.lo, e.hi); });
-    parallel_for(pool, n, kGrain, [&](int64_t begin, int64_t end) {  // rows in input order
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + kRowsAhead < end && out_slot[i + kRowsAhead] >= 0)
-          prefetch_once(v + int64_t{out_slot[i + kRowsAhead]} * dim);
-        const int32_t at = out_slot[i];
-        float* row = out + i * dim;
-        if (at >= 0) {
-          const float* from = v + int64_t{at} * dim;
-          for (int64_t c = 0; c < dim; ++c) row[c] = from[c];  // short rows: no memcpy call
-        } else {
-          std::fill(row, row + dim, fill);
-        }
-      }
-    });
+    copy_rows(pool, v, size, dim, out_slot, n, fill, out);  // the rows, in input order
     return ffi::Error::Success();
   });
 }
