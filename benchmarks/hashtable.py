@@ -21,8 +21,8 @@ import jaxops.hashtable as ht
 from benchmarks.common import Result, compare
 
 
-def _words(keys: np.ndarray) -> ht.Words64:
-    return ht.as_words(keys, "benchmark", "keys")
+def _words(keys: np.ndarray) -> ht.words.Words64:
+    return ht.words.as_words(keys, "benchmark", "keys")
 
 
 def run(quick: bool = False) -> list[Result]:
@@ -66,13 +66,13 @@ def run(quick: bool = False) -> list[Result]:
 
     export = jax.jit(lambda t: ht.export(t))
     host = jax.device_get(table)
-    h_keys = ht.to_host_int64(ht.Words64(host.key_lo, host.key_hi))
-    h_counters = ht.to_host_int64(ht.Words64(host.counter_lo, host.counter_hi), signed=False)
+    h_keys = ht.words.to_host_int64(ht.words.Words64(host.key_lo, host.key_hi))
+    h_counters = ht.words.to_host_int64(ht.words.Words64(host.counter_lo, host.counter_hi), signed=False)
     h_flags, h_values = np.asarray(host.flags), np.asarray(host.values)
 
     def numpy_export():
-        mask = ((h_flags & ht.VALID) != 0) & ((h_flags & ht.EVICTED) == 0)
-        return h_keys[mask], h_counters[mask], (h_flags[mask] & ht.FILTER) != 0, h_values[mask]
+        mask = ((h_flags & ht.cann.VALID) != 0) & ((h_flags & ht.cann.EVICTED) == 0)
+        return h_keys[mask], h_counters[mask], (h_flags[mask] & ht.cann.FILTER) != 0, h_values[mask]
 
     results.append(compare(f"export {n} live entries", lambda: export(table), "numpy bool mask",
                            numpy_export, target=3.0, repeats=repeats))

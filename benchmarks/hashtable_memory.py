@@ -106,7 +106,7 @@ def _measure(scale: float = 1.0, dim: int = 64, load: float = 0.5, batch: int = 
             keys = rng.integers(-2**62, 2**62, n, dtype=np.int64)
             if n < batch:  # one compiled shape: pad with repeats of the batch's first key
                 keys = np.concatenate([keys, np.full(batch - n, keys[0])])
-            table, lost = step(table, ht.as_words(keys, "benchmark", "keys"))
+            table, lost = step(table, ht.words.as_words(keys, "benchmark", "keys"))
             unplaced += int(lost)
             done += n
         return table

@@ -69,7 +69,7 @@ def run(quick: bool = False) -> list[Result]:
     table2 = jax.tree.map(jnp.array, table)
     # adam_w_init gives m and v one buffer, which cannot be donated twice: copy each leaf.
     cann_state = jax.tree.map(jnp.array, ht.adam_w_init(table2))
-    peer_cann = _looping(cann, (table2, cann_state), ht.as_words(
+    peer_cann = _looping(cann, (table2, cann_state), ht.words.as_words(
         batch_keys, "benchmark", "keys"), grads)
 
     rowwise = ht.optim.rowwise_adagrad(1e-2)

@@ -57,7 +57,7 @@ def _filled(size: int, keys: np.ndarray, chunk: int = 1 << 16) -> ht.HashTable:
                                max_load_factor=1.0)
     insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0], donate_argnums=0)
     for lo in range(0, keys.size, chunk):
-        table = insert(table, ht.as_words(keys[lo:lo + chunk], "benchmark", "keys"))
+        table = insert(table, ht.words.as_words(keys[lo:lo + chunk], "benchmark", "keys"))
     return jax.block_until_ready(table)
 
 
@@ -67,7 +67,7 @@ def _filled(size: int, keys: np.ndarray, chunk: int = 1 << 16) -> ht.HashTable:
 STEPS_PER_SAMPLE = 8
 
 
-def _donated_stepper(table: ht.HashTable, keys: ht.Words64):
+def _donated_stepper(table: ht.HashTable, keys: ht.words.Words64):
     """A callable running ``STEPS_PER_SAMPLE`` donated ``lookup_or_insert`` steps on its
     own table."""
     step = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[:2], donate_argnums=0)
@@ -133,7 +133,7 @@ def run_scale(sizes: list[int], repeats: int) -> list[Result]:
     """Present-key lookups at each size vs the same step at the first (smallest) size."""
     rng = np.random.default_rng(0)
     keys = _distinct_keys(rng, BATCH)
-    words = ht.as_words(keys, "benchmark", "keys")
+    words = ht.words.as_words(keys, "benchmark", "keys")
     base = _donated_stepper(_filled(sizes[0], keys), words)
     results = []
     for size in sizes[1:]:
@@ -155,7 +155,7 @@ def run_fill(size: int, repeats: int) -> list[Result]:
     rng = np.random.default_rng(1)
     crowded, half = int(size * 0.875), int(size * 0.5)
     keys = _distinct_keys(rng, crowded + BATCH)
-    new = ht.as_words(keys[crowded:], "benchmark", "keys")  # in neither table
+    new = ht.words.as_words(keys[crowded:], "benchmark", "keys")  # in neither table
     filled = {"50": _filled(size, keys[:half]), "87.5": _filled(size, keys[:crowded])}
     tables = dict(filled)
     step = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0], donate_argnums=0)

@@ -112,8 +112,8 @@ def hash_cases(rng, quick: bool, repeats: int) -> list[Result]:
     keys = rng.choice(2**62, batch, replace=False).astype(np.int64) - 2**61
     init = rng.standard_normal((size, dim)).astype(np.float32)
     empty = ht.init_table(size, dim, sampled_values=init)
-    new_keys = ht.as_words(keys, "benchmark", "keys")
-    present = ht.as_words(rng.permutation(keys), "benchmark", "keys")
+    new_keys = ht.words.as_words(keys, "benchmark", "keys")
+    present = ht.words.as_words(rng.permutation(keys), "benchmark", "keys")
     dense, rows = jnp.asarray(init), jnp.asarray(rng.integers(0, size, batch).astype(np.int32))
     take = jax.jit(lambda d, i: jnp.take(d, i, axis=0))
 

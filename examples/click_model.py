@@ -112,7 +112,7 @@ def device_batch(sample: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, A
     """Rows ``lo:hi`` for a jitted step. 64-bit ids travel as ``Words64``: with x64 off,
     int64 numpy ids passed into ``jax.jit`` would be narrowed to int32; ``as_words`` splits
     them on the host into exact uint32 word pairs."""
-    out = {f: ht.as_words(sample[f][lo:hi], "click_model", f) for f in FEATURES}
+    out = {f: ht.words.as_words(sample[f][lo:hi], "click_model", f) for f in FEATURES}
     out["context_mask"] = jnp.asarray(sample["context_mask"][lo:hi])
     out["click"] = jnp.asarray(sample["click"][lo:hi])
     return out
@@ -120,7 +120,7 @@ def device_batch(sample: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, A
 
 def bags_of(batch: dict[str, Any]) -> dict[str, Bags]:
     """The batch's features as bags (built inside the jitted step, from the words)."""
-    single = {f: Bags.from_dense(ht.Words64(batch[f].lo[:, None], batch[f].hi[:, None]))
+    single = {f: Bags.from_dense(ht.words.Words64(batch[f].lo[:, None], batch[f].hi[:, None]))
               for f in ("user", "item")}
     return {**single, "context": Bags.from_dense(batch["context"], mask=batch["context_mask"])}
 
@@ -182,7 +182,7 @@ class HashedDenseEmbeddings:
         rows, slots = {}, {}
         for f, bags in features.items():
             keys = salt_ids(f, bags.ids)  # the collection's keys of these ids
-            slot = ht.home_slot(keys.lo, keys.hi, self.rows)
+            slot = ht.cann.home_slot(keys.lo, keys.hi, self.rows)
             slots[f] = jnp.where(bags.valid, slot, -1)
             rows[f] = values[jnp.maximum(slots[f], 0)]
         return state, Lookup(rows, slots, dict(features), {})

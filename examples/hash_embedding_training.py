@@ -95,7 +95,7 @@ def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
     chunk_losses, exported = [], []
     for c in range(chunks):
         batches = [next(data) for _ in range(STEPS_PER_CHUNK)]
-        keys = ht.as_words(np.stack([np.concatenate([u, i]) for u, i, _ in batches]), "example", "keys")
+        keys = ht.words.as_words(np.stack([np.concatenate([u, i]) for u, i, _ in batches]), "example", "keys")
         labels = jnp.asarray(np.stack([y for _, _, y in batches]))
         carry, losses = train_chunk(carry, keys, labels)
         table = carry[0]
@@ -107,7 +107,7 @@ def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
               f"new rows exported {exported[-1]} (rows {new_rows.max_shape} max shape)")
 
     u, i, y = next(data)
-    err = check_gradients_reach_rows(table, carry[2], ht.as_words(np.concatenate([u, i]), "example",
+    err = check_gradients_reach_rows(table, carry[2], ht.words.as_words(np.concatenate([u, i]), "example",
                                                                   "keys"), jnp.asarray(y))
     print(f"gradient through ht.lookup vs per-row gradients: max |diff| = {err:.2e}")
 

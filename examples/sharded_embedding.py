@@ -68,7 +68,7 @@ def main(steps: int = 30, batch: int = 256, devices: int | None = None) -> dict:
     # moves less data than the default (the whole batch slice per destination).
     route = CapacityStats("sharded_embedding.route", theoretical_max=batch // len(devices))
     for ids, labels in batches(steps, batch):
-        words = ht.as_words(ids, "train_step", "ids")  # 64-bit ids stay exact with x64 off
+        words = ht.words.as_words(ids, "train_step", "ids")  # 64-bit ids stay exact with x64 off
         table, state, w, loss, needed = train_step(table, state, w, words, labels)
         losses.append(float(loss))
         route.record(int(needed))

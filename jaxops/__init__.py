@@ -30,7 +30,7 @@ from jaxops.core.registry import check_pending  # noqa: E402
 
 check_pending()  # a kernel registered for a misspelt operator name fails the import
 
-__version__ = "0.1.0"
+from jaxops.core.version import VERSION as __version__  # noqa: E402
 
 __all__ = [
     "DataType", "DynArray", "Format", "OpDef", "OpExecMode", "OpImplMode", "TensorDesc",

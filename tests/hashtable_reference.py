@@ -292,7 +292,7 @@ class RefAdamW:
 
 def table_snapshot(table) -> dict:
     """A ``jaxops.hashtable.HashTable`` in the shape of :meth:`RefTable.snapshot`."""
-    from jaxops.hashtable import Words64, to_host_int64
+    from jaxops.hashtable.words import Words64, to_host_int64
 
     return {"keys": to_host_int64(Words64(table.key_lo, table.key_hi)),
             "counters": to_host_int64(Words64(table.counter_lo, table.counter_hi), signed=False),

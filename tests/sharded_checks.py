@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxops.hashtable as ht  # noqa: E402
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
-from jaxops.ops.hashtable.table import EVICTED, FILTER, VALID, to_host_int64  # noqa: E402
+from jaxops.hashtable.cann import EVICTED, FILTER, VALID
+from jaxops.hashtable.words import to_host_int64  # noqa: E402
 
 DIM = 4
 CHECKS = []
@@ -49,14 +50,14 @@ def _host_slots(table):
     """``(local table, host reader, flags, keys)`` of either table type, slots flattened."""
     t = table.shards if isinstance(table, ht.ShardedHashTable) else table
     get = lambda x: np.asarray(jax.device_get(x)).reshape(-1)  # noqa: E731
-    return t, get, get(t.flags), ht.to_host_int64(ht.Words64(get(t.key_lo), get(t.key_hi)))
+    return t, get, get(t.flags), ht.words.to_host_int64(ht.words.Words64(get(t.key_lo), get(t.key_hi)))
 
 
 def entries(table, live_only: bool = False) -> dict:
     """``{key: (counter, flags, row bytes)}`` of every used slot (tombstones included
     unless ``live_only``), from a HashTable or a ShardedHashTable."""
     t, get, flags, keys = _host_slots(table)
-    counters = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
+    counters = ht.words.to_host_int64(ht.words.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
     rows = np.asarray(jax.device_get(t.values)).reshape(-1, t.embedding_dim)
     used = (flags & VALID) != 0
     if live_only:
@@ -190,7 +191,7 @@ def maintenance_on_the_same_tables(single, sharded, batch_slots):
     # evict_lowest over all shards: oldest first, then lowest counter, then global slot.
     t, get, flags, keys = _host_slots(sharded)
     age = (get(t.clock)[0] - get(t.last_access)).astype(np.uint32)
-    counter = ht.to_host_int64(ht.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
+    counter = ht.words.to_host_int64(ht.words.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
     kept = set(np.asarray(batch_slots).reshape(-1).tolist())
     order = [i for i in np.lexsort((np.arange(flags.size), counter, -age.astype(np.int64)))
              if flags[i] & (VALID | EVICTED) == VALID and i not in kept]
@@ -208,7 +209,7 @@ def maintenance_on_the_same_tables(single, sharded, batch_slots):
     assert_equal(keys[slots], np.concatenate([ch.keys for ch in chunks]), "chunk slots")
     assert int(marked.not_exported) == 0 and int(sharded.not_exported) > 0
     try:
-        ht.to_cann_bytes(sharded)
+        ht.cann.to_cann_bytes(sharded)
         raise AssertionError("to_cann_bytes took a ShardedHashTable")
     except OpArgumentError as e:
         assert e.op == "to_cann_bytes" and "shard" in str(e), e
@@ -218,7 +219,7 @@ def skewed_keys(first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A batch of 40 keys owned by shard 3 (of 8) and 24 owned by others, shuffled, from
     ``first`` on; and every candidate key's owner."""
     cand = np.arange(50000, dtype=np.int64)
-    owner = np.asarray(ht.owner_shard(*ht.as_words(cand, "t", "k"), 8))
+    owner = np.asarray(ht.owner_shard(*ht.words.as_words(cand, "t", "k"), 8))
     keys = np.concatenate([cand[(owner == 3) & (cand >= first)][:40],
                            cand[(owner != 3) & (cand >= first)][:24]])
     np.random.default_rng(4).shuffle(keys)
@@ -381,7 +382,7 @@ def export_import_across_shard_counts():
     keys, counters, flags, values = jaxops.refresh((keys, counters, flags, values))
     assert int(t8.not_exported) == 0 and keys.shape[0] == int(t8.live)
     t2 = ht.init_sharded_table(256, DIM, mesh_of(2), "shard", initializer_mode="constant")
-    t2, info = ht.import_(t2, ht.to_host_int64(keys), ht.to_host_int64(counters, signed=False),
+    t2, info = ht.import_(t2, ht.words.to_host_int64(keys), ht.words.to_host_int64(counters, signed=False),
                           flags, values)
     assert int(info.unplaced) == 0
     same(entries(t8, live_only=True), entries(t2, live_only=True), "export 8 -> import 2")

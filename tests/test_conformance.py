@@ -149,10 +149,10 @@ def test_onnx_default_max_output_zero_warns_and_selects_nothing_as_onnxruntime()
 
 @pytest.mark.parametrize("slot", [999, 3, -5, -2])
 def test_hashtable_gather_refuses_slots_outside_the_table(slot):
-    values = jnp.arange(6.0).reshape(3, 2)
+    table = jaxops.hashtable.HashTable.empty(3, 2, jnp.arange(6.0).reshape(3, 2))
     with pytest.raises(jaxops.errors.OpArgumentError, match=rf"gather: argument 'slots'.*got {slot}"):
-        jaxops.hashtable.gather(values, np.array([0, slot, -1]))
-    got = jaxops.hashtable.gather(values, np.array([2, -1]), 7.0)
+        jaxops.hashtable.gather(table, np.array([0, slot, -1]))
+    got = jaxops.hashtable.gather(table, np.array([2, -1]), 7.0)
     chex.assert_trees_all_equal(got, jnp.array([[4.0, 5.0], [7.0, 7.0]]))
 
 

@@ -47,7 +47,7 @@ def _salted(feature, ids, salt):
 
 
 def _valid_ids(bags):
-    return ht.to_host_int64(bags.ids)[np.asarray(bags.valid)]
+    return ht.words.to_host_int64(bags.ids)[np.asarray(bags.valid)]
 
 
 @pytest.mark.parametrize("share_ids", [False, True])
@@ -77,7 +77,7 @@ def _dense_reference(coll, state, batch, share_ids):
     """Rows of every (feature, id) read by key from the table; pooled and differentiated
     densely with numpy indexing, independent of the collection's code path."""
     table = state["shared"].table
-    keys = {f: _salted(f, ht.to_host_int64(batch[f].ids), not share_ids) for f in ("user", "item")}
+    keys = {f: _salted(f, ht.words.to_host_int64(batch[f].ids), not share_ids) for f in ("user", "item")}
     vocab = np.unique(np.concatenate([k[np.asarray(batch[f].valid)] for f, k in keys.items()]))
     emb = np.asarray(ht.find(table, vocab)[0], np.float64)
 

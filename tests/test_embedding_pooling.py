@@ -9,7 +9,7 @@ import pytest
 from jaxops import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.embedding import POOLINGS, Bags, pool
-from jaxops.hashtable import to_host_int64
+from jaxops.hashtable.words import to_host_int64
 
 
 def _ref_pool(rows, lengths, weights, mode):

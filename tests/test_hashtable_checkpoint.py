@@ -18,7 +18,7 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError, JaxopsError
-from jaxops.ops.hashtable import checkpoint
+from jaxops.ops.hashtable import table_file as checkpoint
 from jaxops.ops.hashtable.checkpoint_files import STALE_AFTER_S, remove_stale_temps
 from jaxops.ops.hashtable.probe_check import ProbeCheck
 from tests.hashtable_reference import key_hash, table_snapshot
@@ -77,7 +77,7 @@ def test_killed_save_leaves_a_temporary_that_the_next_load_removes(tmp_path):
     ht.save(_table(), path)
     script = textwrap.dedent(f"""
         import os, signal, jaxops.hashtable as ht
-        from jaxops.ops.hashtable import checkpoint
+        from jaxops.ops.hashtable import table_file as checkpoint
         def die(rows):
             os.kill(os.getpid(), signal.SIGKILL)
         checkpoint.cann_rows = die
@@ -255,7 +255,7 @@ def test_probe_check_matches_brute_force(seed):
 def _slots(data):
     """``(header, rows, tail)``: the CANN buckets as uint8 rows and the bytes after them."""
     header, payload = _split(data)
-    width = ht.row_bytes(header["embedding_dim"])
+    width = ht.cann.row_bytes(header["embedding_dim"])
     end = header["bucket_size"] * width
     rows = np.frombuffer(bytes(payload[:end]), np.uint8).reshape(-1, width).copy()
     return header, rows, bytes(payload[end:])
@@ -288,7 +288,7 @@ def test_load_rejects_a_duplicated_key(tmp_path):
     ht.save(_table(), path)
     header, rows, tail = _slots(path.read_bytes())
     used = rows[:, 16] == 1
-    s = int(np.flatnonzero(used & ((rows[:, 23] & ht.EVICTED) == 0))[0])
+    s = int(np.flatnonzero(used & ((rows[:, 23] & ht.cann.EVICTED) == 0))[0])
     after = next((s + d) % len(rows) for d in range(1, len(rows)) if not used[(s + d) % len(rows)])
     rows[after] = rows[s]  # the same key again, reachable, counts made consistent
     header = {**header, "live": header["live"] + 1,

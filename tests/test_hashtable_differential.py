@@ -59,8 +59,8 @@ def _run_sequence(seed: int, steps: int):
             mode, filtered = EXPORT_CONFIGS[rng.integers(len(EXPORT_CONFIGS))]
             table, *outs = ht.export(table, export_mode=mode, filtered_export_flag=filtered)
             got = jaxops.refresh(dict(zip(["keys", "counters", "filter_flags", "values"], outs)))
-            got["keys"] = ht.to_host_int64(got["keys"])
-            got["counters"] = ht.to_host_int64(got["counters"], signed=False)
+            got["keys"] = ht.words.to_host_int64(got["keys"])
+            got["counters"] = ht.words.to_host_int64(got["counters"], signed=False)
             want = ref.export(mode, filtered)
             got_values, want_values = got.pop("values"), want.pop("values")
             chex.assert_trees_all_equal(got, want)
@@ -100,7 +100,7 @@ def test_random_sequences_match_reference(seed):
     ref = _run_sequence(seed, steps=120)
     # The sequence must have exercised the interesting states, or it proves little.
     flags = np.array(ref.flags)
-    assert (flags & ht.EVICTED).any() and (flags & ht.EXPORT).any() and (flags & ht.FILTER).any()
+    assert (flags & ht.cann.EVICTED).any() and (flags & ht.cann.EXPORT).any() and (flags & ht.cann.FILTER).any()
 
 
 def test_random_sequence_with_x64():

@@ -23,7 +23,7 @@ def _table(seed=0, size=64, n=40):
 
 def _host(outs):
     keys, counters, flags, values = (jaxops.refresh(o, allow_truncated=True) for o in outs)
-    return (ht.to_host_int64(keys), ht.to_host_int64(counters, signed=False), np.asarray(flags),
+    return (ht.words.to_host_int64(keys), ht.words.to_host_int64(counters, signed=False), np.asarray(flags),
             np.asarray(values))
 
 
@@ -47,9 +47,9 @@ def test_export_size_exports_a_prefix_and_marks_only_it(mode, filtered, size):
         chex.assert_trees_all_equal(got, ref[name])
     exported = set(full[0][:kept].tolist())
     flags = np.asarray(marked.flags)
-    keys = ht.to_host_int64(ht.join_words(marked.keys))
+    keys = ht.words.to_host_int64(ht.words.join_words(marked.keys))
     before = np.asarray(t.flags)
-    newly = (flags & ht.EXPORT) != (before & ht.EXPORT)
+    newly = (flags & ht.cann.EXPORT) != (before & ht.cann.EXPORT)
     assert set(keys[newly].tolist()) <= exported
     assert int(t.not_exported) - int(marked.not_exported) == int(newly.sum())
     if mode == "new" and not filtered:
@@ -83,7 +83,7 @@ def test_export_chunks_matches_export(chunk, mode, filtered):
     for g, w in zip(got, _host(want)):
         chex.assert_trees_all_equal(g, w)
     slots = np.concatenate([c.slots for c in chunks])
-    chex.assert_trees_all_equal(ht.to_host_int64(ht.join_words(t.keys))[slots], got[0])
+    chex.assert_trees_all_equal(ht.words.to_host_int64(ht.words.join_words(t.keys))[slots], got[0])
     chex.assert_trees_all_equal(table_snapshot(got_table), table_snapshot(want_table))
 
 

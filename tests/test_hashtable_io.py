@@ -23,13 +23,13 @@ def _table():
 
 def test_bucket_bytes_by_hand():
     t = _table()
-    buf = ht.to_cann_bytes(t)
-    assert buf.shape == (8, 24 + 16) and ht.row_bytes(3) == 40 and ht.row_bytes(2) == 32
+    buf = ht.cann.to_cann_bytes(t)
+    assert buf.shape == (8, 24 + 16) and ht.cann.row_bytes(3) == 40 and ht.cann.row_bytes(2) == 32
     for s in range(8):
         row = buf[s]
         key, counter, state = struct.unpack_from("<qQi", row.tobytes())
         flags = int(t.flags[s])
-        assert state == (1 if flags & ht.VALID else 0)
+        assert state == (1 if flags & ht.cann.VALID else 0)
         assert row[23] == flags and not row[20:23].any() and not row[36:].any()
         values = np.frombuffer(row[24:36].tobytes(), "<f4")
         chex.assert_trees_all_equal(values, np.asarray(t.values[s]))
@@ -37,8 +37,8 @@ def test_bucket_bytes_by_hand():
             assert key == -1 and counter == 0
     slot = int(ht.locate(t, np.array([5], np.int64))[0])
     key, counter = struct.unpack_from("<qQ", buf[slot].tobytes())
-    assert key == 5 and counter == 2 and buf[slot, 23] == ht.VALID | ht.FILTER
-    assert ht.handle_counters(t).tolist() == [0, 0, 2, 0, 2]
+    assert key == 5 and counter == 2 and buf[slot, 23] == ht.cann.VALID | ht.cann.FILTER
+    assert ht.cann.handle_counters(t).tolist() == [0, 0, 2, 0, 2]
 
 
 def test_from_cann_bytes_is_the_exact_inverse():
@@ -46,19 +46,19 @@ def test_from_cann_bytes_is_the_exact_inverse():
     # CANN's bucket has no clock or last access (beyond CANN): they come back as 0.
     want = {**table_snapshot(t), "clock": 0,
             "last_access": np.zeros(t.bucket_size, np.uint32)}
-    back = ht.from_cann_bytes(ht.to_cann_bytes(t), 3)
+    back = ht.cann.from_cann_bytes(ht.cann.to_cann_bytes(t), 3)
     chex.assert_trees_all_equal(table_snapshot(back), want)
-    flat = ht.from_cann_bytes(ht.to_cann_bytes(t).reshape(-1), 3)
+    flat = ht.cann.from_cann_bytes(ht.cann.to_cann_bytes(t).reshape(-1), 3)
     chex.assert_trees_all_equal(table_snapshot(flat), want)
 
 
 def test_from_cann_bytes_reads_cann_evicted_byte_20():
     t = _table()
-    buf = ht.to_cann_bytes(t)
+    buf = ht.cann.to_cann_bytes(t)
     slot = int(ht.locate(t, np.array([-2], np.int64))[0])
-    buf[slot, 20] |= ht.EVICTED  # where CANN's evict kernel puts the bit
-    back = ht.from_cann_bytes(buf, 3)
-    assert int(back.flags[slot]) & ht.EVICTED and int(back.live) == 1
+    buf[slot, 20] |= ht.cann.EVICTED  # where CANN's evict kernel puts the bit
+    back = ht.cann.from_cann_bytes(buf, 3)
+    assert int(back.flags[slot]) & ht.cann.EVICTED and int(back.live) == 1
 
 
 @pytest.mark.parametrize("corrupt,match", [
@@ -68,15 +68,15 @@ def test_from_cann_bytes_reads_cann_evicted_byte_20():
     (lambda b: b.__setitem__((np.argmax(b[:, 16]), 23), b[np.argmax(b[:, 16]), 23] | 0x40), "flag bits"),
 ])
 def test_from_cann_bytes_rejects_inconsistent_buckets(corrupt, match):
-    buf = ht.to_cann_bytes(_table())
+    buf = ht.cann.to_cann_bytes(_table())
     corrupt(buf)
     with pytest.raises(OpArgumentError, match=match):
-        ht.from_cann_bytes(buf, 3)
+        ht.cann.from_cann_bytes(buf, 3)
 
 
 def test_from_cann_bytes_rejects_wrong_width():
     with pytest.raises(OpArgumentError, match="rows of 40 bytes"):
-        ht.from_cann_bytes(np.zeros((4, 32), np.uint8), 3)
+        ht.cann.from_cann_bytes(np.zeros((4, 32), np.uint8), 3)
 
 
 def test_save_load_round_trip_and_atomicity(tmp_path, monkeypatch):

@@ -53,14 +53,14 @@ def test_jitted_ops_match_reference(x64):
         ref = RefTable(init)
         keys = rng.integers(-2**62, 2**62, 40)
         dtype = jnp.int64 if x64 else jnp.uint32
-        words = ht.as_words(keys, "test", "keys")  # jit arguments: words work in both modes
-        ops = jax.jit(lambda t, k: ht.evict(ht.lookup_or_insert(t, k)[0], ht.Words64(k.lo[:5], k.hi[:5])))
+        words = ht.words.as_words(keys, "test", "keys")  # jit arguments: words work in both modes
+        ops = jax.jit(lambda t, k: ht.evict(ht.lookup_or_insert(t, k)[0], ht.words.Words64(k.lo[:5], k.hi[:5])))
         table = ops(ht.init_table(SIZE, DIM, sampled_values=init), words)
         ref.lookup_or_insert(keys)
         ref.evict(keys[:5])
         assert_same_table(table, ref)
         table, keys_out, *_ = jax.jit(lambda t: ht.export(t, export_mode="new"))(table)
-        assert sorted(ht.to_host_int64(jaxops.refresh(keys_out)).tolist()) == \
+        assert sorted(ht.words.to_host_int64(jaxops.refresh(keys_out)).tolist()) == \
             sorted(ref.export("new")["keys"].tolist())
         assert int(table.not_exported) == ref.not_exported == 0
         found = jax.jit(lambda t, k: ht.find(t, k)[1])(table, jnp.asarray(keys[5:9] % 2**31, dtype))

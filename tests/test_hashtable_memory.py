@@ -36,12 +36,12 @@ _SCRIPT = textwrap.dedent("""
     # compiling lookup_or_insert (the checks here are about bytes, not about inserting).
     keys = np.random.default_rng(0).choice(2**40, 1 << 17, replace=False).astype(np.int64)
     words = keys.view(np.uint32).reshape(-1, 2)
-    home = np.asarray(ht.home_slot(words[:, 0], words[:, 1], size))
+    home = np.asarray(ht.cann.home_slot(words[:, 0], words[:, 1], size))
     home, first = np.unique(home, return_index=True)
     home, words = home[:1 << 16], words[first[:1 << 16]]
     t = t.replace(key_lo=t.key_lo.at[home].set(words[:, 0]),
                   key_hi=t.key_hi.at[home].set(words[:, 1]),
-                  flags=t.flags.at[home].set(np.uint8(ht.VALID)),
+                  flags=t.flags.at[home].set(np.uint8(ht.cann.VALID)),
                   live=t.live + len(home), not_exported=t.not_exported + len(home))
     report["table"] = sum(x.nbytes for x in jax.tree.leaves(t))
     _, report["save"] = peak_extra(lambda: ht.save(t, path))

@@ -32,38 +32,38 @@ def test_jax_murmur_matches_reference_on_8_byte_keys():
     rng = np.random.default_rng(0)
     keys = np.concatenate([rng.integers(-2**63, 2**63 - 1, 500, dtype=np.int64),
                            [0, 1, -1, 2**63 - 1, -2**63, 2**32, 2**32 - 1]]).astype(np.int64)
-    words = ht.as_words(keys, "test", "keys")
-    got = np.asarray(ht.murmur3_x86_32(words.lo, words.hi))
+    words = ht.words.as_words(keys, "test", "keys")
+    got = np.asarray(ht.cann.murmur3_x86_32(words.lo, words.hi))
     chex.assert_trees_all_equal(got, np.array([key_hash(k) for k in keys], np.uint32))
-    seeds = np.asarray(ht.murmur3_x86_32(words.lo, words.hi, seed=np.uint32(0x9747B28C)))
+    seeds = np.asarray(ht.cann.murmur3_x86_32(words.lo, words.hi, seed=np.uint32(0x9747B28C)))
     assert seeds[0] == murmur3_32(struct.pack("<q", int(keys[0])), 0x9747B28C)
 
 
 def test_home_slot_is_the_unsigned_hash_modulo_bucket_size():
     keys = np.array([3, -3, 2**40 + 11], np.int64)
-    words = ht.as_words(keys, "test", "keys")
+    words = ht.words.as_words(keys, "test", "keys")
     for size in (1, 7, 2_000_000, 2**31 - 1):
-        chex.assert_trees_all_equal(np.asarray(ht.home_slot(words.lo, words.hi, size)),
+        chex.assert_trees_all_equal(np.asarray(ht.cann.home_slot(words.lo, words.hi, size)),
                                     np.array([key_hash(k) % size for k in keys], np.int32))
 
 
 def test_key_forms_agree():
     small = np.array([0, 5, -1, -2**31, 2**31 - 1], np.int64)
-    want = ht.as_words(small, "test", "keys")
+    want = ht.words.as_words(small, "test", "keys")
     for form in (small.astype(np.int32), jnp.asarray(small, jnp.int32), small.tolist(),
-                 ht.Words64(want.lo, want.hi)):
-        got = ht.as_words(form, "test", "keys")
+                 ht.words.Words64(want.lo, want.hi)):
+        got = ht.words.as_words(form, "test", "keys")
         chex.assert_trees_all_equal(tuple(map(np.asarray, got)), tuple(map(np.asarray, want)))
     unsigned = jnp.asarray([7, 2**32 - 1], jnp.uint32)
-    words = ht.as_words(unsigned, "test", "keys")
+    words = ht.words.as_words(unsigned, "test", "keys")
     assert np.asarray(words.hi).tolist() == [0, 0]
     with jax.enable_x64(True):
         big = np.array([2**40 + 3, -2**62], np.int64)
-        got = ht.as_words(jnp.asarray(big), "test", "keys")
-        chex.assert_trees_all_equal(ht.to_host_int64(got), big)
-        assert ht.join_words(got).dtype == jnp.int64
-    chex.assert_trees_all_equal(ht.to_host_int64(ht.as_words(big, "t", "k")), big)
-    assert ht.join_words(ht.as_words(big, "t", "k")).shape == (2, 2)  # x64 off: word pairs
+        got = ht.words.as_words(jnp.asarray(big), "test", "keys")
+        chex.assert_trees_all_equal(ht.words.to_host_int64(got), big)
+        assert ht.words.join_words(got).dtype == jnp.int64
+    chex.assert_trees_all_equal(ht.words.to_host_int64(ht.words.as_words(big, "t", "k")), big)
+    assert ht.words.join_words(ht.words.as_words(big, "t", "k")).shape == (2, 2)  # x64 off: word pairs
 
 
 @pytest.mark.parametrize("bad", [np.array([1.5]), jnp.array([True]), jnp.array([1.0])])

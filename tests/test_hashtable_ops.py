@@ -45,7 +45,7 @@ def test_duplicates_count_every_occurrence_and_insert_once():
     t, _, info = ht.lookup_or_insert(_table(), K(9, 9, 9, 4, 9))
     assert int(info.inserted) == 2 and int(t.live) == 2 and int(t.not_exported) == 2
     slot = int(ht.locate(t, K(9))[0])
-    assert int(t.counter_lo[slot]) == 4 and int(t.flags[slot]) == ht.VALID
+    assert int(t.counter_lo[slot]) == 4 and int(t.flags[slot]) == ht.cann.VALID
 
 
 def test_counters_carry_into_the_high_word():
@@ -54,7 +54,7 @@ def test_counters_carry_into_the_high_word():
                       np.zeros((1, 2), np.float32))
     t, _, _ = ht.lookup_or_insert(t, K(5, 5, 5))
     _, _, counters, _, _ = ht.export(t)
-    assert ht.to_host_int64(jaxops.refresh(counters), signed=False).tolist() == [2**32 + 1]
+    assert ht.words.to_host_int64(jaxops.refresh(counters), signed=False).tolist() == [2**32 + 1]
 
 
 def test_full_table_is_reported_never_silent():
@@ -72,14 +72,14 @@ def test_tombstone_comes_back_as_a_new_key():
     t, _, _ = ht.lookup_or_insert(t, K(7, 7), filter_mode="counter", filter_freq=1)
     t, *_ = ht.export(t)
     slot = int(ht.locate(t, K(7))[0])
-    assert int(t.flags[slot]) == ht.VALID | ht.FILTER | ht.EXPORT
+    assert int(t.flags[slot]) == ht.cann.VALID | ht.cann.FILTER | ht.cann.EXPORT
     t = ht.evict(t, K(7), const_val=-4.0)
-    assert int(t.flags[slot]) == ht.VALID | ht.FILTER | ht.EXPORT | ht.EVICTED
+    assert int(t.flags[slot]) == ht.cann.VALID | ht.cann.FILTER | ht.cann.EXPORT | ht.cann.EVICTED
     assert int(t.live) == 0 and int(t.not_exported) == 0  # it had been exported
     assert not bool(ht.find(t, K(7))[1][0])
     t, rows, info = ht.lookup_or_insert(t, K(7))
     assert int(info.inserted) == 1 and int(info.slots[0]) == slot
-    assert int(t.flags[slot]) == ht.VALID and int(t.counter_lo[slot]) == 1
+    assert int(t.flags[slot]) == ht.cann.VALID and int(t.counter_lo[slot]) == 1
     assert float(rows[0, 0]) == -4.0 and int(t.live) == 1 and int(t.not_exported) == 1
 
 
@@ -108,7 +108,7 @@ def test_export_modes_and_the_not_exported_count():
     assert int(t.not_exported) == 0 and jaxops.refresh(keys).shape[0] == 3
     t, _, _ = ht.lookup_or_insert(t, K(4))
     t, keys, *_ = ht.export(t, export_mode="new")
-    assert ht.to_host_int64(jaxops.refresh(keys)).tolist() == [4]
+    assert ht.words.to_host_int64(jaxops.refresh(keys)).tolist() == [4]
     t, keys, *_ = ht.export(t, export_mode="all")
     assert jaxops.refresh(keys).shape[0] == 4 and int(t.not_exported) == 0
 
@@ -117,7 +117,7 @@ def test_export_is_in_ascending_slot_order():
     t, _, info = ht.lookup_or_insert(_table(size=64), K(*range(20)))
     _, keys, *_ = ht.export(t)
     order = np.argsort(np.asarray(info.slots))
-    assert ht.to_host_int64(jaxops.refresh(keys)).tolist() == list(np.arange(20)[order])
+    assert ht.words.to_host_int64(jaxops.refresh(keys)).tolist() == list(np.arange(20)[order])
 
 
 def test_multi_table_export_through_launch_with_outshape():
@@ -142,8 +142,8 @@ def test_export_word_pairs_with_x64_off():
     t, _, _ = ht.lookup_or_insert(_table(), K(-2))
     _, keys, counters, _, _ = ht.export(t)
     assert keys.max_shape == (16, 2) and keys.dtype == jnp.uint32
-    assert ht.to_host_int64(jaxops.refresh(keys)).tolist() == [-2]
-    assert ht.to_host_int64(jaxops.refresh(counters), signed=False).tolist() == [1]
+    assert ht.words.to_host_int64(jaxops.refresh(keys)).tolist() == [-2]
+    assert ht.words.to_host_int64(jaxops.refresh(counters), signed=False).tolist() == [1]
 
 
 def test_export_then_import_into_a_fresh_table_reproduces_everything():
@@ -154,13 +154,13 @@ def test_export_then_import_into_a_fresh_table_reproduces_everything():
     t, keys, counters, flags, values = ht.export(t)
     host = jaxops.refresh((keys, counters, flags, values))
     fresh, info = ht.import_(ht.init_table(64, 3, initializer_mode="constant"),
-                             ht.to_host_int64(host[0]), ht.to_host_int64(host[1], signed=False),
+                             ht.words.to_host_int64(host[0]), ht.words.to_host_int64(host[1], signed=False),
                              host[2], host[3])
     assert int(info.unplaced) == 0 and int(fresh.live) == int(t.live)
     _, keys2, counters2, flags2, values2 = ht.export(fresh)
     again = jaxops.refresh((keys2, counters2, flags2, values2))
-    order = np.argsort(ht.to_host_int64(again[0]))
-    first = np.argsort(ht.to_host_int64(host[0]))
+    order = np.argsort(ht.words.to_host_int64(again[0]))
+    first = np.argsort(ht.words.to_host_int64(host[0]))
     for x, y in zip(host, again):
         chex.assert_trees_all_equal(np.asarray(x)[first], np.asarray(y)[order])
 
@@ -173,7 +173,7 @@ def test_import_overwrites_and_keeps_counts_right():
     assert int(info.inserted) == 1 and int(t.live) == 3 and int(t.not_exported) == 1
     slot = int(ht.locate(t, K(2))[0])
     assert int(t.counter_lo[slot]) == 7 and float(t.values[slot, 0]) == 4.0  # last entry wins
-    assert int(t.flags[slot]) == ht.VALID | ht.EXPORT | ht.FILTER
+    assert int(t.flags[slot]) == ht.cann.VALID | ht.cann.EXPORT | ht.cann.FILTER
 
 
 def test_evict_repeats_and_absent_keys_are_no_ops():

@@ -122,7 +122,7 @@ def test_touched_rows_follow_the_reference(name, x64):
         opt = make()
         # skipped is a 64-bit count: start it just below 2**32 so the batches' absent
         # entries carry it into the high word (an int32 or uint32 count would wrap).
-        state = opt.init(t)._replace(skipped=ht.Counter64(jnp.uint32(2**32 - 3), jnp.uint32(0)))
+        state = opt.init(t)._replace(skipped=ht.words.Counter64(jnp.uint32(2**32 - 3), jnp.uint32(0)))
         for idx, g in batches:
             t, state = opt.update(t, state, np.where(idx >= 0, slots[idx], -1), g)
         dtype = np.float64 if name.startswith("ftrl") or name == "rowwise_adagrad" else np.float32

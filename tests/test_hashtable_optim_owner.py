@@ -24,8 +24,8 @@ def _same_home_keys(count: int = 2) -> list[int]:
     """Keys sharing one home slot in a SIZE-slot table: the later ones walk past (or take
     the tombstone of) the first."""
     keys = np.arange(1, 400, dtype=np.int64)
-    words = ht.as_words(keys, "test", "keys")
-    home = np.asarray(ht.home_slot(words.lo, words.hi, SIZE))
+    words = ht.words.as_words(keys, "test", "keys")
+    home = np.asarray(ht.cann.home_slot(words.lo, words.hi, SIZE))
     same = keys[home == home[0]][:count]
     assert same.size == count
     return [int(k) for k in same]

@@ -104,7 +104,7 @@ def _apply(table, ref, op, policy, tmp_path):
     else:  # export everything, import it into a fresh table of the same size
         table, *outs = ht.export(table)
         keys, counters, flags, values = jaxops.refresh(outs)
-        keys, counters = ht.to_host_int64(keys), ht.to_host_int64(counters, signed=False)
+        keys, counters = ht.words.to_host_int64(keys), ht.words.to_host_int64(counters, signed=False)
         fresh = ht.init_table(table.bucket_size, DIM, initializer_mode="constant")
         fresh = ht.set_load_policy(fresh, max_load_factor=1.0)  # a resize may have passed it
         want = ref.export()

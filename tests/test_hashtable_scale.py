@@ -22,7 +22,7 @@ def _table():
 
 
 def _keys():
-    return ht.as_words(np.arange(N, dtype=np.int64) * 3, "test", "keys")
+    return ht.words.as_words(np.arange(N, dtype=np.int64) * 3, "test", "keys")
 
 
 def _grads():
@@ -112,11 +112,11 @@ def test_adam_w_by_slots_equals_by_keys():
 def test_counters_are_64_bit():
     """dropped and skipped carry into the high word instead of wrapping at 2**32 (x64 off)."""
     t = ht.set_load_policy(ht.init_table(2, 1, initializer_mode="constant"), max_load_factor=1.0)
-    t = t.replace(dropped=ht.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)))
+    t = t.replace(dropped=ht.words.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)))
     t, _, info = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
     assert int(info.unplaced) == 3 and int(t.dropped) == 2**32 + 2
     state = ht.adam_w_init(t)
-    state = state._replace(skipped=ht.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(7)))
+    state = state._replace(skipped=ht.words.Counter64(jnp.uint32(2**32 - 1), jnp.uint32(7)))
     _, state = ht.apply_adam_w(t, state, np.array([99], np.int64), jnp.ones((1, 1)), lr=0.1,
                                weight_decay=0.0)
     assert int(state.skipped) == 8 * 2**32
@@ -127,7 +127,7 @@ def _entries(table):
     from tests.hashtable_reference import table_snapshot
 
     snap = table_snapshot(table)
-    live = (snap["flags"] & ht.VALID != 0) & (snap["flags"] & ht.EVICTED == 0)
+    live = (snap["flags"] & ht.cann.VALID != 0) & (snap["flags"] & ht.cann.EVICTED == 0)
     return {int(k): (int(c), int(f), tuple(v)) for k, c, f, v in zip(
         snap["keys"][live], snap["counters"][live], snap["flags"][live], snap["values"][live])}
 

@@ -77,7 +77,7 @@ def test_reviving_key_placed_after_its_tombstone_was_reused_is_found_again():
     slots = np.asarray(info.slots).tolist()
     assert slots[1] == slots[2] != slots[0] and int(info.inserted) == 2
     assert ht.find(t, np.array([b, d], np.int64))[1].tolist() == [True, True]
-    keys = ht.to_host_int64(ht.join_words(t.keys))
+    keys = ht.words.to_host_int64(ht.words.join_words(t.keys))
     assert (keys == b).sum() == 1
 
 

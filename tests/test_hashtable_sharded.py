@@ -89,7 +89,7 @@ def test_sharded_check(results, name):
     assert row["ok"], row["error"] + extra
 
 
-def test_step_sets_every_shard_clock_and_donate_is_refused_by_name():
+def test_step_sets_every_shard_clock_and_donate_consumes_the_table():
     import jax
     import numpy as np
 
@@ -102,7 +102,9 @@ def test_step_sets_every_shard_clock_and_donate_is_refused_by_name():
     slots = np.asarray(info.slots)
     assert np.asarray(t.shards.clock).tolist() == [7]
     assert np.asarray(t.shards.last_access).reshape(-1)[slots].tolist() == [7, 7]
-    with pytest.raises(OpArgumentError, match="donate"):
-        ht.lookup_or_insert(t, np.array([3], np.int64), donate=True)
+    new, _, info = ht.lookup_or_insert(t, np.array([3], np.int64), donate=True)
+    assert t.shards.values.is_deleted() and int(info.inserted) == 0 and int(new.live) == 2
+    with pytest.raises(OpArgumentError, match="donate"):  # a rerun would need the table
+        ht.lookup_or_insert(new, np.array([3], np.int64), donate=True, route_capacity=1)
     with pytest.raises(OpArgumentError, match="step"):
         ht.lookup_or_insert(t, np.array([3], np.int64), step=2**32)

@@ -104,3 +104,100 @@ def test_no_operator_file_imports_another():
     assert {"jaxops.ops.nonzero", "jaxops.ops.nms.efficient_nms"} <= operators
     bad = {f: sorted(n & operators) for f, n in imports.items() if n & operators}
     assert not bad, bad
+
+
+#: The layers of docs/ARCHITECTURE.md, bottom first; a module imports only its own layer and
+#: those below. Everything else of ``jaxops`` (the package's face: ``__init__``, cli, bench,
+#: demo, errors, hashtable, embedding, nnx, equinox) is the top layer.
+LAYERS = [("jaxops.core",), ("jaxops.backends", "jaxops.native"), ("jaxops.capacity",),
+          ("jaxops.ops",), ("jaxops.golden",), ("tracing",)]
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of jaxops and tracing → the project modules it imports (function-local
+    imports included; ``from pkg import name`` counts as ``pkg.name`` when that is a
+    module)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    paths = {}
+    for path in sorted([*(root / "jaxops").rglob("*.py"), *(root / "tracing").rglob("*.py")]):
+        parts = path.relative_to(root).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name):
+        parts = name.split(".")
+        while parts and ".".join(parts) not in paths:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.update(resolve(f"{node.module}.{a.name}") for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(resolve(a.name) for a in node.names)
+        graph[name] = deps - {None, name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_in_jaxops_or_tracing():
+    graph = _module_graph()
+    assert "jaxops.ops.hashtable.inserting" in graph and len(graph) > 100
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_a_circle_is_found():  # the check above can fail
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_reaches_a_higher_layer():
+    def layer(module):
+        for i, prefixes in enumerate(LAYERS):
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                return i
+        return len(LAYERS)
+
+    upward = sorted(f"{m} -> {d}" for m, deps in _module_graph().items() for d in deps
+                    if layer(d) > layer(m))
+    assert not upward, upward
+
+
+def test_no_module_imports_a_private_name_of_another():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    bad = []
+    for path in sorted([*(root / "jaxops").rglob("*.py"), *(root / "tracing").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in ("jaxops", "tracing"):
+                bad += [f"{path.relative_to(root)}: {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad

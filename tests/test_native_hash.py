@@ -81,7 +81,7 @@ def test_random_sequences_equal_the_xla_walks(x64, key_dtype):
 
 def test_walks_run_natively_inside_jit_and_in_place():
     t = ht.init_table(SLOTS, DIM, initializer_mode="constant")
-    words = ht.as_words(np.arange(BATCH, dtype=np.int64), "test", "keys")
+    words = ht.words.as_words(np.arange(BATCH, dtype=np.int64), "test", "keys")
     step = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[:2], donate_argnums=0)
     text = step.lower(t, words).as_text()
     for target in ("jaxops_hash_find", "jaxops_hash_first", "jaxops_hash_place",

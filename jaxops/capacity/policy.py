@@ -40,8 +40,9 @@ from jaxops.core.dynarray import DynArray, lost_elements
 from jaxops.core.errors import CapacityOverflowError, CapacityOverflowWarning, OpArgumentError
 
 __all__ = [
-    "EXPAND_POLICY_ARGS", "POLICIES", "check_overflow", "check_policy", "documents_policy_args",
-    "next_capacity", "reset_warnings", "run_with_policy", "warn_once",
+    "EXPAND_POLICY_ARGS", "KEEP", "POLICIES", "check_overflow", "check_policy",
+    "documents_policy_args", "next_capacity", "reset_warnings", "run_with_policy", "settle",
+    "warn_once",
 ]
 
 POLICIES = ("error", "truncate", "expand", "host")
@@ -176,26 +177,71 @@ def run_with_policy(run: Callable[[int | None, str | None], Any], *, op: str, si
     return result
 
 
+#: What a remedy returns to keep the result it was shown (``"truncate"``).
+KEEP = object()
+
+
+def settle(attempt: Callable[[Any], Any], setting: Any, *,
+           shortfall: Callable[[Any], Any], remedy: Callable[[Any, Any], Any],
+           tries: int = 3, give_up: Callable[[Any], Any] | None = None) -> Any:
+    """The one rerun engine: operator capacities, routing capacities and hash-table load
+    policies all run through it.
+
+    Runs ``attempt(setting)``. While ``shortfall(result)`` says the result fell short (any
+    value but None: a capacity overflowed, a table would pass its load limit),
+    ``remedy(setting, shortfall)`` gives the setting to run again with (a larger capacity, a
+    grown table), raises, or returns :data:`KEEP` to accept the result as it is. A result
+    traced inside ``jit`` is returned at once: nothing can rerun there, and the result
+    carries its own report (a DynArray's ``true_shape``, an info's counts). A result still
+    short after ``tries`` remedies goes to ``give_up(shortfall)``, which raises.
+
+    >>> settle(lambda cap: min(cap, 5), 2, shortfall=lambda r: 5 if r < 5 else None,
+    ...        remedy=lambda cap, needed: next_capacity(needed))
+    5
+    """
+    result = attempt(setting)
+    for _ in range(tries):
+        if _is_traced(result):
+            return result
+        short = shortfall(result)
+        if short is None:
+            return result
+        setting = remedy(setting, short)
+        if setting is KEEP:
+            return result
+        result = attempt(setting)
+    short = None if _is_traced(result) else shortfall(result)
+    if short is None:
+        return result
+    if give_up is not None:
+        give_up(short)
+    raise RuntimeError(f"settle: still short after {tries} remedies ({short!r})")
+
+
 def _policy(run, op: str, size: int | None, theoretical_max: int, policy: str) -> Any:
-    result = run(size, None)
-    if size is None or size >= theoretical_max or _is_traced(result):
-        return result
-    dyns = _dyns(result)
-    true_size = _needed_size(_overflowed_examples(dyns))
-    if true_size <= size:
-        return result
-    lost = _lost(_overflowed_examples(dyns[:1]))  # of the first output (y of Unique, ...)
-    if policy == "error":
-        raise CapacityOverflowError(op, size, true_size,
-                                    "Pass a larger size=, or overflow='expand'/'truncate'.",
-                                    lost=lost)
-    if policy == "truncate":
-        warn_once(f"{op}: output truncated to capacity {size} (true size {true_size}); "
-                  f"{lost} elements lost (the first output's DynArray.lost(), which reports "
-                  "it inside jit too, with overflowed()).")
-        return result
-    bucket = next_capacity(true_size, theoretical_max)
-    return run(bucket, "host" if policy == "host" else None)
+    def shortfall(result):
+        if size is None or size >= theoretical_max:
+            return None
+        dyns = _dyns(result)
+        true_size = _needed_size(_overflowed_examples(dyns))
+        return (true_size, dyns) if true_size > size else None
+
+    def remedy(setting, short):
+        true_size, dyns = short
+        lost = _lost(_overflowed_examples(dyns[:1]))  # of the first output (y of Unique, ...)
+        if policy == "error":
+            raise CapacityOverflowError(op, size, true_size,
+                                        "Pass a larger size=, or overflow='expand'/'truncate'.",
+                                        lost=lost)
+        if policy == "truncate":
+            warn_once(f"{op}: output truncated to capacity {size} (true size {true_size}); "
+                      f"{lost} elements lost (the first output's DynArray.lost(), which "
+                      "reports it inside jit too, with overflowed()).")
+            return KEEP
+        return (next_capacity(true_size, theoretical_max), "host" if policy == "host" else None)
+
+    return settle(lambda setting: run(*setting), (size, None), shortfall=shortfall,
+                  remedy=remedy, tries=1)
 
 
 def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> int:

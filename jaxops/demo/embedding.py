@@ -71,7 +71,7 @@ def make_train_step(bucket_size: int = 16384):
     # Without donation XLA copies every table-sized buffer on each step (17x slower,
     # measured at 2^22 slots: 86.9 vs 5.2 ms a step).
     @functools.partial(jax.jit, donate_argnums=0)
-    def train_step(state, users: ht.Words64, items: ht.Words64, labels: jax.Array):
+    def train_step(state, users: ht.words.Words64, items: ht.words.Words64, labels: jax.Array):
         one = jnp.ones(labels.shape[0], jnp.int32)
         bags = {"user": Bags.from_lengths(users, one), "item": Bags.from_lengths(items, one)}
         state, looked = coll.lookup(state, bags)
@@ -96,8 +96,8 @@ def run(steps: int = 300, epochs: int = 5, bucket_size: int = 16384, verbose: bo
     for step, (users, items, labels) in enumerate(synthetic_clicks(steps, seed=seed)):
         # 64-bit ids as word pairs: with x64 off, int64 numpy ids passed into jax.jit would
         # be narrowed to int32; as_words splits them on the host, exactly.
-        state, loss = train_step(state, ht.as_words(users, "demo", "users"),
-                                 ht.as_words(items, "demo", "items"), jnp.asarray(labels))
+        state, loss = train_step(state, ht.words.as_words(users, "demo", "users"),
+                                 ht.words.as_words(items, "demo", "items"), jnp.asarray(labels))
         losses.append(loss)
         seen["user"].update(users.tolist())
         seen["item"].update(items.tolist())

@@ -4,7 +4,7 @@ Every form of ragged input becomes the same flat record: the ids ``[N]`` (64-bit
 ``Words64`` so that x64 may be off), the bag of each id (``segment``, int32 ``[N]``;
 ``num_bags`` marks padding) and optional per-id weights. ``num_bags`` is static (it is the
 leading size of the pooled output); everything else may be traced, so bags are built
-inside ``jax.jit`` as well. There, pass 64-bit ids as ``Words64`` (``ht.as_words`` on the
+inside ``jax.jit`` as well. There, pass 64-bit ids as ``Words64`` (``ht.words.as_words`` on the
 host): with x64 off, JAX narrows an int64 argument of a jitted function to int32 at the
 call, silently, before any code here can see the lost high bits.
 
@@ -16,7 +16,7 @@ call, silently, before any code here can see the lost high bits.
 >>> Bags.from_dense(np.array([[4, 5], [6, 0]]), mask=mask).segment.tolist()
 [0, 0, 1, 2]
 >>> import jax, jaxops.hashtable as ht
->>> words = ht.as_words(np.array([2**40 + 5], np.int64), "doc", "ids")  # exact with x64 off
+>>> words = ht.words.as_words(np.array([2**40 + 5], np.int64), "doc", "ids")  # exact with x64 off
 >>> jax.jit(lambda w: Bags.from_lengths(w, np.array([1])).ids.hi)(words).tolist()
 [256]
 """
@@ -32,7 +32,7 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
-from jaxops.hashtable import Words64, as_words
+from jaxops.hashtable.words import Words64, as_words
 
 __all__ = ["Bags"]
 

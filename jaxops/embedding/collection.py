@@ -49,9 +49,10 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.embedding.bags import Bags
 from jaxops.embedding.pooling import check_pooling, pool
-from jaxops.hashtable import HashTable, LookupInfo, Words64, gather, init_table, locate
-from jaxops.hashtable import lookup_or_insert
+from jaxops.hashtable import (HashTable, LookupInfo, Placement, ShardedHashTable, gather,
+                              init_table, locate, lookup_or_insert)
 from jaxops.hashtable.optim import RowOptimizer
+from jaxops.hashtable.words import Words64
 
 __all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableState", "feature_salt",
            "salt_ids"]
@@ -75,6 +76,9 @@ class TableConfig:
             ``f(key, shape, dtype)`` (``jax.nn.initializers``).
         pooling: ``"sum"``, ``"mean"`` or ``"sqrtn"`` for every feature of the table.
         share_ids: features see one id space (same id, same row) instead of salted keys.
+        placement: where the table lives: None (one device) or a
+            :class:`~jaxops.hashtable.MeshAxis` (a table sharded by key over a mesh axis;
+            the training step and the reads are the same).
     """
 
     name: str
@@ -85,12 +89,13 @@ class TableConfig:
     initializer: float | Callable[..., jax.Array] | None = None
     pooling: str = "sum"
     share_ids: bool = False
+    placement: Placement | None = None
 
 
 class TableState(NamedTuple):
     """A table and its optimizer state (the collection's state maps table names to these)."""
 
-    table: HashTable
+    table: HashTable | ShardedHashTable
     opt_state: Any
 
 
@@ -136,14 +141,18 @@ def salt_ids(feature: str, ids: Words64) -> Words64:
     return Words64(ids.lo ^ lo, ids.hi ^ hi)
 
 
-def _initial_values(config: TableConfig, key: jax.Array) -> HashTable:
+def _initial_values(config: TableConfig, key: jax.Array) -> Any:
     init = config.initializer
     size, dim = config.bucket_size, config.embedding_dim
+    where = dict(placement=config.placement)
+    if config.placement is not None:  # a whole number of slots per shard
+        size = -(-size // config.placement.num_shards) * config.placement.num_shards
     if init is None:
-        return init_table(size, dim, key=key)
+        return init_table(size, dim, key=key, **where)
     if callable(init):
-        return init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32))
-    return init_table(size, dim, initializer_mode="constant", constant_value=float(init))
+        return init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32), **where)
+    return init_table(size, dim, initializer_mode="constant", constant_value=float(init),
+                      **where)
 
 
 class EmbeddingCollection:
@@ -238,7 +247,7 @@ class EmbeddingCollection:
             else:
                 at = locate(table, words)
                 at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
-                got, info[table_name] = gather(table.values, at), None
+                got, info[table_name] = gather(table, at), None
             bounds = np.cumsum([k.lo.shape[0] for k in keys])[:-1]
             for f, r, s in zip(group, jnp.split(got, bounds), jnp.split(at, bounds)):
                 rows[f], slots[f], bags[f] = r, s, features[f]

@@ -26,6 +26,7 @@ from jaxops.core.impl_mode import OpImplMode, impl_mode_to_str
 from jaxops.core.outshape_format import encode, to_host_words
 from jaxops.capacity import warn_once
 from jaxops.core.registry import OpDef, TensorParam, get_op
+from jaxops.core.version import VERSION
 from jaxops.golden.specs import get_spec, input_shape_dtype
 
 __all__ = ["FORMAT_VERSION", "GoldenRun", "build_case", "default_path", "load_case",
@@ -196,9 +197,7 @@ def _widen_index(param: TensorParam, buf: np.ndarray) -> np.ndarray:
 
 
 def _version() -> str:
-    import jaxops  # the package above this one; imported when it is already loaded
-
-    return jaxops.__version__
+    return VERSION
 
 
 def default_path(op: str, seed: int) -> str:

@@ -13,7 +13,14 @@ import dataclasses
 
 import numpy as np
 
-import jaxops.hashtable as ht
+from jaxops.ops.hashtable.cann_adamw import AdamWState, adam_w_init, apply_adam_w
+from jaxops.ops.hashtable.cann_bytes import to_cann_bytes
+from jaxops.ops.hashtable.create import init_table
+from jaxops.ops.hashtable.evicting import evict
+from jaxops.ops.hashtable.exporting import export
+from jaxops.ops.hashtable.importing import import_
+from jaxops.ops.hashtable.inserting import lookup_or_insert
+from jaxops.ops.hashtable.table import HashTable
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.outshape_format import encode, to_host_words
 from jaxops.core.registry import OpDef
@@ -27,27 +34,27 @@ def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim:
     """A table with ~24 live keys (some exported once already, one evicted, counters > 1)
     and those keys."""
     keys = rng.integers(-2**62, 2**62, 30, dtype=np.int64)
-    table = ht.init_table(bucket_size, dim, initializer_mode="random",
+    table = init_table(bucket_size, dim, initializer_mode="random",
                           sampled_values=rng.standard_normal(bucket_size * dim).astype(np.float32))
-    table, _, _ = ht.lookup_or_insert(table, keys[:16])
-    table, _, _, _, _ = ht.export(table)                       # these 16 are exported once
-    table, _, _ = ht.lookup_or_insert(table, np.concatenate([keys[10:], keys[10:14]]))
-    return ht.evict(table, keys[:1]), keys[1:]
+    table, _, _ = lookup_or_insert(table, keys[:16])
+    table, _, _, _, _ = export(table)                       # these 16 are exported once
+    table, _, _ = lookup_or_insert(table, np.concatenate([keys[10:], keys[10:14]]))
+    return evict(table, keys[:1]), keys[1:]
 
 
 def _run_export(opdef: OpDef, inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
     """The OpDef's run, then the outputs in CANN's dtypes (int64 keys, uint64 counters) with
     the OP_OUTSHAPE words a CANN kernel writes for them."""
     (table,) = inputs[0]
-    before = np.asarray(ht.to_cann_bytes(table))
+    before = np.asarray(to_cann_bytes(table))
     run = run_opdef(opdef, inputs, attrs)
     keys, counters, flags, values = run.wire
     n = int(run.actual_shapes[2][0])
     wire = [_as_64(keys, np.int64), _as_64(counters, np.uint64), np.asarray(flags), np.asarray(values)]
     shapes = [(n,), (n,), (n,), (n, table.embedding_dim)]
     words = to_host_words(encode(shapes, np.int64, uint64_flag=True), np.int64)
-    after_table = ht.export(table, **attrs)[0]
-    extra = {"table_before_bytes": before, "table_after_bytes": np.asarray(ht.to_cann_bytes(after_table))}
+    after_table = export(table, **attrs)[0]
+    extra = {"table_before_bytes": before, "table_after_bytes": np.asarray(to_cann_bytes(after_table))}
     return extra, dataclasses.replace(run, wire=wire, outshape=words, actual_shapes=shapes)
 
 
@@ -71,19 +78,20 @@ def _table_case(call):
     in OpDef order; tables become CANN bucket bytes (the one before is saved too), optimizer
     state its stacked moments, a lookup's info its slots (counts as extra arrays)."""
     def run(opdef: OpDef, inputs: list, attrs: dict) -> tuple[dict, GoldenRun]:
-        extra = {"table_before_bytes": np.asarray(ht.to_cann_bytes(inputs[0]))} \
-            if isinstance(inputs[0], ht.HashTable) else {}
-        if len(inputs) > 1 and isinstance(inputs[1], ht.AdamWState):
+        extra = {"table_before_bytes": np.asarray(to_cann_bytes(inputs[0]))} \
+            if isinstance(inputs[0], HashTable) else {}
+        if len(inputs) > 1 and isinstance(inputs[1], AdamWState):
             extra["state_before"] = _moments(inputs[1])
         wire = []
         for out in call(inputs, attrs):
-            if isinstance(out, ht.HashTable):
-                wire.append(np.asarray(ht.to_cann_bytes(out)))
-            elif isinstance(out, ht.AdamWState):
+            if isinstance(out, HashTable):
+                wire.append(np.asarray(to_cann_bytes(out)))
+            elif isinstance(out, AdamWState):
                 wire.append(_moments(out))
                 extra["state_beta_powers"] = np.array([out.beta1_power, out.beta2_power], np.float32)
             elif hasattr(out, "_fields"):  # LookupInfo / ImportInfo: the per-key slots + counts
                 fields = out._asdict()
+                fields.pop("route", None)  # one table: every key is served
                 wire.append(np.asarray(fields.pop("slots")).astype(np.int64))
                 extra.update({f"info_{k}": np.asarray(v) for k, v in fields.items()})
             else:
@@ -112,8 +120,8 @@ def _adam_inputs(rng: np.random.Generator, attrs: dict) -> list:
     table, keys = _table_inputs(rng)
     grad = rng.standard_normal((keys.size, table.embedding_dim)).astype(np.float32)
     hyper = [np.float32(v) for v in (0.01, 0.01, 0.9, 0.999, 1e-8)]  # lr, wd, b1, b2, eps
-    state = ht.adam_w_init(table, amsgrad=bool(attrs.get("amsgrad", False)))
-    table, state = ht.apply_adam_w(table, state, keys, grad, lr=hyper[0], weight_decay=hyper[1])
+    state = adam_w_init(table, amsgrad=bool(attrs.get("amsgrad", False)))
+    table, state = apply_adam_w(table, state, keys, grad, lr=hyper[0], weight_decay=hyper[1])
     return [table, state, keys, grad[::-1].copy(), *hyper]  # a second step from moments != 0
 
 
@@ -126,25 +134,25 @@ def _import_inputs(rng: np.random.Generator, attrs: dict) -> list:
 
 
 def _lookup(inputs, attrs):
-    return ht.lookup_or_insert(inputs[0], inputs[1], **attrs)
+    return lookup_or_insert(inputs[0], inputs[1], **attrs)
 
 
 def _apply_adam_w(inputs, attrs):
     table, state, keys, grad, lr, wd, b1, b2, eps = inputs
-    return ht.apply_adam_w(table, state, keys, grad, lr=lr, weight_decay=wd, beta1=b1,
+    return apply_adam_w(table, state, keys, grad, lr=lr, weight_decay=wd, beta1=b1,
                            beta2=b2, epsilon=eps, **attrs)
 
 
 def _evict(inputs, attrs):
-    return (ht.evict(inputs[0], inputs[1], sampled_values=inputs[2], **attrs),)
+    return (evict(inputs[0], inputs[1], sampled_values=inputs[2], **attrs),)
 
 
 def _import(inputs, attrs):
-    return ht.import_(*inputs)
+    return import_(*inputs)
 
 
 def _init(inputs, attrs):
-    return (ht.init_table(attrs["bucket_size"], attrs["embedding_dim"], sampled_values=inputs[0],
+    return (init_table(attrs["bucket_size"], attrs["embedding_dim"], sampled_values=inputs[0],
                           **{k: v for k, v in attrs.items() if k not in ("bucket_size", "embedding_dim")}),)
 
 

@@ -15,7 +15,13 @@ jitted step donates them.
 (0, (1, 2))
 """
 
-from jaxops.ops.hashtable import optim as _impl
-from jaxops.ops.hashtable.optim import *  # noqa: F401,F403  (the names in _impl.__all__)
+from jaxops.ops.hashtable.optim import (AdagradState, AdamState, FtrlState, OptaxRowState,
+                                        RowOptimizer, RowwiseAdagradState, SgdState, adagrad,
+                                        adam, adamw, from_optax, ftrl, make_row_optimizer,
+                                        rowwise_adagrad, sgd, slot_owners, sum_by_slot)
 
-__all__ = list(_impl.__all__)
+__all__ = [
+    "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",
+    "RowwiseAdagradState", "SgdState", "adagrad", "adam", "adamw", "from_optax", "ftrl",
+    "make_row_optimizer", "rowwise_adagrad", "sgd", "slot_owners", "sum_by_slot",
+]

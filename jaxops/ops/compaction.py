@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.ops.loops import fori_loop
 
 __all__ = [
     "SlotFn", "compact_indices", "compact_map", "gather_valid",
@@ -226,6 +227,6 @@ def _compact_blocked(mask, size, fn, fill_values):
         return tuple(lax.dynamic_update_slice_in_dim(o, r, t * tile, 0) for o, r in zip(outs, results))
 
     tiles_needed = (jnp.minimum(count, size) + tile - 1) // tile
-    outs = lax.fori_loop(0, tiles_needed, write_tile, outs)
+    outs = fori_loop(0, tiles_needed, write_tile, outs)  # also on a shard of a mesh
     return tuple(o[:size] for o in outs), count
 

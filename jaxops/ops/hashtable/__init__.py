@@ -4,4 +4,5 @@ Importing this package registers the six CANN operators (see :mod:`.opdefs`) wit
 kernels, which live in the operation modules imported here.
 """
 
-from jaxops.ops.hashtable import adamw, create, evict, export, import_, lookup  # noqa: F401
+from jaxops.ops.hashtable import (cann_adamw, create, evicting, exporting,  # noqa: F401
+                                  importing, inserting)

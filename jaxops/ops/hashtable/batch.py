@@ -23,7 +23,8 @@ import numpy as np
 
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.probe import find_slots, first_occurrences, place_new_keys, take
-from jaxops.ops.hashtable.table import EVICTED, HashTable, Words64, as_words
+from jaxops.ops.hashtable.table import EVICTED, HashTable
+from jaxops.ops.hashtable.words import Words64, as_words
 
 
 class KeyBatch(NamedTuple):
@@ -43,6 +44,35 @@ def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys",
     return KeyBatch(words, home_slot(words.lo, words.hi, bucket_size), shape)
 
 
+def flat_words(op: str, keys: Any, key_dtype: str | None = None, arg: str = "keys"
+               ) -> tuple[Words64, tuple[int, ...]]:
+    """Keys in any accepted form as flat :class:`Words64`, and the keys' shape."""
+    words = as_words(keys, op, arg, key_dtype)
+    return Words64(words.lo.reshape(-1), words.hi.reshape(-1)), words.shape
+
+
+def effective_keys(words: Words64, filter_key_flag, filter_key, default_key_or_value,
+                   default_key) -> tuple[Words64, jax.Array]:
+    """The keys a call works on (``filter_key`` replaced by ``default_key`` where asked) and
+    the mask of the occurrences it skips (``filter_key`` answered with the default value)."""
+    skip = jnp.zeros(words.lo.shape, bool)
+    if filter_key_flag:
+        f_lo, f_hi = _const_words(filter_key)
+        is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
+        if default_key_or_value:
+            d_lo, d_hi = _const_words(default_key)
+            words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
+                            jnp.where(is_filter_key, d_hi, words.hi))
+        else:
+            skip = is_filter_key
+    return words, skip
+
+
+def _const_words(value: int) -> tuple[np.uint32, np.uint32]:
+    pair = np.array([value % 2**64], np.uint64).view(np.uint32)  # uint64 keys: their bits
+    return pair[0], pair[1]
+
+
 def live_slots(table: HashTable, batch: KeyBatch, active: jax.Array | None = None) -> jax.Array:
     """Slot of each key that is present and not evicted, -1 otherwise (int32 ``[N]``)."""
     return live_slots_and_flags(table, batch, active)[0]
@@ -59,7 +89,7 @@ def live_slots_and_flags(table: HashTable, batch: KeyBatch, active: jax.Array | 
     return jnp.where(live, slot, -1), jnp.where(live, flags, jnp.uint8(0))
 
 
-class Placement(NamedTuple):
+class Placed(NamedTuple):
     """Where :func:`find_or_place` put a batch, and the table arrays it used as scratch.
 
     Attributes:
@@ -83,7 +113,7 @@ class Placement(NamedTuple):
 
 
 def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: jax.Array
-                  ) -> Placement:
+                  ) -> Placed:
     """The slot of each active key: where it is, else where it is inserted — absent keys in
     order of first occurrence, each in the first reusable slot (empty, or another key's
     tombstone) its probe met; -1 where the table is full. A key finding its own tombstone
@@ -93,7 +123,7 @@ def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: j
     ``first`` is :func:`first_occurrences` of the batch over (at least) the active keys.
     Only slots are decided; writing the keys into them is the caller's job.
     """
-    size, n = table.bucket_size, batch.home.shape[0]
+    n = batch.home.shape[0]
     found, dist, found_flags, reuse = find_slots(table, batch.words, active, track_reuse=True)
     tomb = (found >= 0) & ((found_flags & EVICTED) != 0)
     start = jnp.minimum(reuse, dist)  # the first reusable slot the walk met
@@ -103,7 +133,7 @@ def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: j
                                               jnp.where(tomb, dist, -1))
     slot = jnp.where(to_place, take(placed_at, first), jnp.where(active, found, -1))
     kept = (found >= 0) & (slot == found)  # live, or a tombstone revived in place
-    return Placement(slot, jnp.where(kept, found_flags, jnp.uint8(0)), to_place & (slot >= 0),
+    return Placed(slot, jnp.where(kept, found_flags, jnp.uint8(0)), to_place & (slot >= 0),
                      key_lo, flags)
 
 

@@ -9,11 +9,11 @@ the initial values into every bucket).
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(4, 3, initializer_mode="constant", constant_value=2.0)
 >>> t, _, _ = ht.lookup_or_insert(t, np.array([7], np.int64))
->>> buf = ht.to_cann_bytes(t)
+>>> buf = ht.cann.to_cann_bytes(t)
 >>> buf.shape, handle_counters(t).tolist()
 ((4, 40), [0, 0, 1, 0, 1])
->>> back = ht.from_cann_bytes(buf, 3)
->>> bool((ht.to_cann_bytes(back) == buf).all())
+>>> back = ht.cann.from_cann_bytes(buf, 3)
+>>> bool((ht.cann.to_cann_bytes(back) == buf).all())
 True
 """
 
@@ -26,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.table import check_int, check_numeric, check_table
+from jaxops.ops.hashtable.checks import check_int, check_key_dtype, check_numeric
 from jaxops.ops.hashtable.host_chunks import HostRows
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, as_counter,
-                                        check_key_dtype)
+from jaxops.ops.hashtable.placement import placement_of
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
+from jaxops.ops.hashtable.words import as_counter
 
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]
@@ -45,8 +46,10 @@ def row_bytes(embedding_dim: int) -> int:
 
 
 def to_cann_bytes(table: HashTable) -> np.ndarray:
-    """The table as the Ascend bucket array: uint8 ``[bucket_size, row_bytes(dim)]``."""
-    host = jax.device_get(check_table("to_cann_bytes", table))
+    """The table as the Ascend bucket array: uint8 ``[bucket_size, row_bytes(dim)]``. CANN's
+    bucket array holds one table: a table on a mesh is converted shard by shard."""
+    _one_shard("to_cann_bytes", table)
+    host = jax.device_get(table)
     return cann_rows(HostRows(*(np.asarray(getattr(host, f)) for f in HostRows._fields)))
 
 
@@ -156,7 +159,18 @@ def parse_cann_rows(rows: np.ndarray, embedding_dim: int, op: str, first_slot: i
 def handle_counters(table: HashTable) -> np.ndarray:
     """CANN's table-handle words as int64 ``[5]``: index 2 the live count, 4 the
     not-yet-exported count (index 0 is the bucket array's device address there: 0 here)."""
-    table = check_table("handle_counters", table)
+    _one_shard("handle_counters", table)
     out = np.zeros(5, np.int64)
     out[2], out[4] = int(table.live), int(table.not_exported)
     return out
+
+
+def _one_shard(op: str, table: Any) -> None:
+    """CANN's buffers hold one table: a table on a mesh is refused, saying what to do."""
+    if placement_of(op, table).routes:
+        raise OpArgumentError(op, "table", "a HashTable (CANN's bucket array holds one table; "
+                              "a ShardedHashTable is one table per shard)",
+                              f"a ShardedHashTable of {table.num_shards} shards",
+                              f"Convert shard i alone: {op}(jax.tree.map(lambda x: x[i], "
+                              "table.shards)); or save(table, dir) for a checkpoint of all "
+                              "shards.")

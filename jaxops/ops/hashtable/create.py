@@ -1,4 +1,4 @@
-"""``init_table``: a new, empty table (CANN InitEmbeddingHashTable).
+"""``init_table``: a new, empty table on any placement (CANN InitEmbeddingHashTable).
 
 >>> t = init_table(8, 4, initializer_mode="constant", constant_value=0.5)
 >>> t.bucket_size, t.embedding_dim, float(t.values[3, 1]), int(t.live)
@@ -15,11 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.lanes import while_loop
-from jaxops.ops.hashtable.opdefs import INIT
-from jaxops.ops.hashtable.table import HashTable, check_bucket_size, check_key_dtype
+from jaxops.ops.hashtable.checks import check_key_dtype
+from jaxops.ops.hashtable.on_mesh import MeshAxis
+from jaxops.ops.hashtable.opdefs import INIT_OP
+from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
+from jaxops.ops.hashtable.table import HashTable, check_bucket_size
+from jaxops.ops.loops import while_loop
 
-__all__ = ["RANDOM_RANGE", "init_table"]
+__all__ = ["RANDOM_RANGE", "init_sharded_table", "init_table"]
 
 #: Rows drawn for ``initializer_mode="random"`` when only a PRNG ``key`` is given
 #: (Keras' default embedding initializer).
@@ -33,11 +36,13 @@ _RANDOM_CHUNK_VALUES = 1 << 20
 
 def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = "random",
                constant_value: float = 0.0, sampled_values: jax.Array | None = None,
-               key: jax.Array | None = None, key_dtype: Any = np.int64) -> HashTable:
+               key: jax.Array | None = None, key_dtype: Any = np.int64,
+               placement: Placement | None = None) -> Any:
     """A table of ``bucket_size`` empty slots, each already holding the row a new key gets.
 
     Args:
-        bucket_size: number of slots (static).
+        bucket_size: number of slots (static); on a :class:`~.on_mesh.MeshAxis` the slots in
+            all, each of the ``n`` shards getting ``ceil(bucket_size / n)``.
         embedding_dim: floats per row (static).
         initializer_mode: ``"random"``: the rows are ``sampled_values`` (CANN takes them from
             outside), or uniform in ``RANDOM_RANGE`` drawn with the PRNG ``key``;
@@ -48,36 +53,49 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         key_dtype: ``np.int64`` (CANN's) or ``np.uint64`` (static): the keys' dtype. Host
             keys must fit it, and ``export``, ``export_chunks`` and checkpoints give keys
             back in it (see :mod:`~jaxops.ops.hashtable.table`).
+        placement: where the table lives: None or :data:`~.placement.ONE_DEVICE` (a
+            :class:`HashTable`), or a :class:`~.on_mesh.MeshAxis` (a
+            :class:`~.on_mesh.ShardedHashTable`, each shard built on its own device: no full
+            table on one device). With ``initializer_mode="random"`` and a PRNG ``key``,
+            shard ``i`` draws with ``fold_in(key, i)``; ``sampled_values`` are split by
+            shard.
 
     Returns:
-        The new :class:`HashTable` (no keys, counters zero).
+        The new table (no keys, counters zero).
     """
-    op = INIT.name
+    op = INIT_OP.name
     bucket_size = check_bucket_size(op, bucket_size)
     embedding_dim = _check_embedding_dim(op, embedding_dim)  # before the arguments sized by it
     key_dtype = check_key_dtype(op, key_dtype)
+    placement = ONE_DEVICE if placement is None else placement
+    if not isinstance(placement, Placement):
+        raise OpArgumentError(op, "placement", "None, ONE_DEVICE or a MeshAxis(mesh, axis)",
+                              type(placement).__name__)
+    if initializer_mode == "random" and sampled_values is None and key is None:
+        raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
+                              "embedding_dim values, or key=<PRNG key>, in random mode",
+                              "neither", "Pass initializer_mode='constant' for fixed rows.")
+    if placement.routes:
+        return _on_shards(placement, bucket_size, embedding_dim, initializer_mode,
+                          float(constant_value), sampled_values, key, key_dtype)
     if initializer_mode == "random" and sampled_values is None:
-        if key is None:
-            raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
-                                  "embedding_dim values, or key=<PRNG key>, in random mode",
-                                  "neither", "Pass initializer_mode='constant' for fixed rows.")
         return _random_table(key, bucket_size, embedding_dim).replace(key_dtype=key_dtype)
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
         sampled_values = jax.device_put(np.asarray(sampled_values, np.float32))
-    (table,) = INIT(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
+    (table,) = INIT_OP(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
                     initializer_mode=initializer_mode, constant_value=constant_value)
     return table.replace(key_dtype=key_dtype)
 
 
-@INIT.kernel("xla")
+@INIT_OP.kernel("xla")
 def _init_kernel(sampled_values, *, bucket_size, embedding_dim, initializer_mode, constant_value):
     if initializer_mode == "constant":
         return (_constant_table(bucket_size, embedding_dim, constant_value),)
     want = bucket_size * embedding_dim
     if int(np.prod(np.shape(sampled_values))) != want:
-        raise OpArgumentError(INIT.name, "sampled_values", f"{want} values (bucket_size * "
+        raise OpArgumentError(INIT_OP.name, "sampled_values", f"{want} values (bucket_size * "
                               "embedding_dim) in random mode", f"shape {np.shape(sampled_values)}")
     return (HashTable.empty(bucket_size, embedding_dim, sampled_values),)
 
@@ -107,7 +125,54 @@ def _random_table(key, bucket_size, embedding_dim):
         # table's end (deterministic, like every other chunk).
         return jax.lax.dynamic_update_slice_in_dim(values, chunk, i * rows, 0)
 
-    # lanes.while_loop: also inside shard_map(check_vma=True) with a device-varying key.
+    # loops.while_loop: also inside shard_map(check_vma=True) with a device-varying key.
     _, values = while_loop(lambda s: s[0] < steps, lambda s: (s[0] + 1, draw(*s)),
                            (jnp.int32(0), jnp.zeros((bucket_size, embedding_dim), jnp.float32)))
     return HashTable.empty(bucket_size, embedding_dim, values)
+
+
+def _on_shards(placement: Placement, num_slots: int, dim: int, initializer_mode: str,
+               constant_value: float, sampled: Any, key: Any, key_dtype: str) -> Any:
+    """Every shard built on its own device (shard ``i`` draws with ``fold_in(key, i)``)."""
+    shards = placement.num_shards
+    per = -(-num_slots // shards)
+    if sampled is not None and initializer_mode == "random":
+        sampled = jnp.asarray(sampled, jnp.float32)
+        if sampled.size != per * shards * dim:
+            raise OpArgumentError(INIT_OP.name, "sampled_values", f"{per * shards} x {dim} "
+                                  "values (the rounded-up bucket_size x embedding_dim)",
+                                  f"shape {tuple(sampled.shape)}")
+        sampled = sampled.reshape(shards, per, dim)
+    else:
+        sampled = None
+    statics = (per, dim, initializer_mode, constant_value, key_dtype, key is not None)
+    shards_table = placement.build(_shard_table, statics, key)
+    if sampled is not None:
+        shards_table = placement.map(_with_rows, None, (shards_table, sampled))[0]
+    return placement.rebuild(None, shards_table)
+
+
+def _with_rows(router, statics, state, replicated):
+    table, rows = state  # the rows are split by shard like the table
+    return table.replace(values=rows), ()
+
+
+def _shard_table(router, statics, key):
+    per, dim, mode, constant_value, key_dtype, has_key = statics
+    if mode == "random" and has_key:
+        table = _random_table(jax.random.fold_in(key, router.index()), per, dim)
+    else:  # constant rows, or random rows filled in from sampled_values afterwards
+        table = _constant_table(per, dim, constant_value)
+    return table.replace(key_dtype=key_dtype)
+
+
+def init_sharded_table(num_slots: int, embedding_dim: int, mesh: Any, axis: str,
+                       **init_kwargs) -> Any:
+    """:func:`init_table` on ``MeshAxis(mesh, axis)``: ``num_slots`` slots in all.
+
+    >>> import numpy as np, jax
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    >>> init_sharded_table(16, 2, mesh, "d", initializer_mode="constant").num_shards
+    1
+    """
+    return init_table(num_slots, embedding_dim, placement=MeshAxis(mesh, axis), **init_kwargs)

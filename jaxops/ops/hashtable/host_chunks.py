@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.ops.hashtable.table import HashTable, as_counter
+from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.words import as_counter
 
 __all__ = ["CHUNK_BYTES", "HostRows", "TableWriter", "chunk_slots_for", "iter_host_chunks"]
 

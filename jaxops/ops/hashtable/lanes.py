@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.ops.compaction import compact_map
+from jaxops.ops.loops import while_loop
 
 Lanes = dict[str, jax.Array]
 Step = Callable[[Lanes, jax.Array, Any], tuple[Lanes, jax.Array, Any]]
@@ -84,38 +85,6 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
             lanes = dict(zip(names, moved))
             active = jnp.arange(nxt) < count
     return carry, stages
-
-
-def while_loop(cond: Callable, body: Callable, init: Any) -> Any:
-    """``jax.lax.while_loop`` that also runs inside ``jax.shard_map(check_vma=True)``.
-
-    There a carry built from constants (zeros, ``arange``) is not device-varying while the
-    body's output, computed from a device's shard, is, and the loop refuses carries whose
-    types differ. The initial carry is cast (``lax.pcast``, free at run time) to the
-    varying axes the body gives each leaf; outside ``shard_map`` this is the plain loop.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    manual = {name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-              if kind == jax.sharding.AxisType.Manual} if mesh.axis_names else set()
-    for _ in range(len(manual) + 1 if manual else 0):  # each pass adds axes; a fixpoint
-        out = jax.eval_shape(body, init)
-        widened = jax.tree.map(_vary_as, init, out)
-        if all(_varying(a) == _varying(b) for a, b in
-               zip(jax.tree.leaves(widened), jax.tree.leaves(init))):
-            break
-        init = widened
-    return jax.lax.while_loop(cond, body, init)
-
-
-def _varying(x: Any) -> frozenset:
-    kind = getattr(jax.typeof(x) if not isinstance(x, jax.ShapeDtypeStruct) else x,
-                   "manual_axis_type", None)
-    return frozenset(kind.varying) if kind is not None else frozenset()
-
-
-def _vary_as(x: jax.Array, like: Any) -> jax.Array:
-    missing = _varying(like) - _varying(x)
-    return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
 
 
 def retired_values(stages: list[tuple[Lanes, jax.Array]], field: str, id_field: str = "id"

@@ -1,7 +1,7 @@
 """The CANN ``hash/`` operators as OpDefs (their kernels live in the operation modules).
 
 Names, attributes and defaults follow ops-nn's ``*_def.cpp``. Where CANN passes a table
-handle, jaxops passes the :class:`~jaxops.ops.hashtable.table.HashTable` pytree and gets the
+handle, jaxops passes one shard's :class:`~jaxops.ops.hashtable.table.HashTable` pytree and gets the
 new one back (JAX has no in-place state); ``bucket_size`` / ``embedding_dim`` attributes
 that restate the table's shape are dropped.
 """
@@ -26,7 +26,7 @@ def _int64(v) -> bool:
 _INT64 = "a key in [-2**63, 2**64) (int64, or a uint64 bit pattern)"
 
 
-INIT = register_op(OpDef(
+INIT_OP = register_op(OpDef(
     name="InitEmbeddingHashTable",
     inputs=[Input("sampled_values", {DataType.FLOAT}, "optional",
                   doc="[bucket_size, embedding_dim] rows for initializer_mode='random'")],
@@ -39,7 +39,7 @@ INIT = register_op(OpDef(
     doc="A new empty table whose slots hold sampled_values or constant_value rows.",
 ))
 
-LOOKUP_OR_INSERT = register_op(OpDef(
+LOOKUP_OR_INSERT_OP = register_op(OpDef(
     name="EmbeddingHashTableLookupOrInsert",
     inputs=[Input("table", None),
             Input("keys", None,
@@ -74,7 +74,7 @@ def _export_dtypes(ctx) -> list[DataType]:
             + [DataType.UINT8] * n + [DataType.FLOAT] * n)
 
 
-EXPORT = register_op(OpDef(
+EXPORT_OP = register_op(OpDef(
     name="EmbeddingHashTableExport",
     inputs=[Input("tables", None, "dynamic", doc="a list of HashTables (CANN: table_handles)")],
     outputs=[Output("keys", {DataType.INT64, DataType.UINT32}, "dynamic"),
@@ -98,7 +98,7 @@ EXPORT = register_op(OpDef(
         "2), with it on int64/uint64 [n] as CANN's kernel writes them.",
 ))
 
-IMPORT = register_op(OpDef(
+IMPORT_OP = register_op(OpDef(
     name="EmbeddingHashTableImport",
     inputs=[Input("table", None), Input("keys", None), Input("counters", None),
             Input("filter_flags", None), Input("values", {DataType.FLOAT})],
@@ -106,7 +106,7 @@ IMPORT = register_op(OpDef(
     doc="Inserts or overwrites entries (counter, flags, row), marking them exported.",
 ))
 
-EVICT = register_op(OpDef(
+EVICT_OP = register_op(OpDef(
     name="EmbeddingHashTableEvict",
     inputs=[Input("table", None), Input("keys", None),
             Input("sampled_values", {DataType.FLOAT}, "optional")],
@@ -116,7 +116,7 @@ EVICT = register_op(OpDef(
     doc="Turns present keys into tombstones: counter 0, row reset.",
 ))
 
-APPLY_ADAM_W = register_op(OpDef(
+APPLY_ADAM_W_OP = register_op(OpDef(
     name="EmbeddingHashTableApplyAdamW",
     inputs=[Input("table", None), Input("state", None), Input("keys", None),
             Input("grad", {DataType.FLOAT}), Input("lr", None), Input("weight_decay", None),
@@ -129,5 +129,5 @@ APPLY_ADAM_W = register_op(OpDef(
 ))
 
 # Operators built from the table walks: explain() names the walks' path (native or xla).
-for _op in (LOOKUP_OR_INSERT, IMPORT, EVICT, APPLY_ADAM_W):
+for _op in (LOOKUP_OR_INSERT_OP, IMPORT_OP, EVICT_OP, APPLY_ADAM_W_OP):
     uses_walks(_op.name)

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 
 from jaxops.ops.hashtable.batch import set_rows
 from jaxops.ops.hashtable.probe import take
-from jaxops.ops.hashtable.table import HashTable, Words64
+from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.words import Words64
 
 __all__ = ["changed_hands", "record_owners", "slot_owners"]
 

@@ -49,7 +49,8 @@ import numpy as np
 from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.lanes import drain, retired_values
 from jaxops.ops.hashtable.murmur import home_slot, murmur3_x86_32
-from jaxops.ops.hashtable.table import EVICTED, HashTable, Words64
+from jaxops.ops.hashtable.table import EVICTED, HashTable
+from jaxops.ops.hashtable.words import Words64
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)  # owner of a slot no pending key holds
 _NOBODY_WORD = np.uint32(_NOBODY)

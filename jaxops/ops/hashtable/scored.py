@@ -12,11 +12,23 @@ it (LRU: least recently used first; see
 - :func:`evict_if` evicts the live entries a predicate picks, e.g. :func:`counter_below`
   or :func:`not_seen_for` (TTL-style cleanup).
 
-Evicted entries become tombstones exactly as :func:`~jaxops.ops.hashtable.evict.evict`
+Evicted entries become tombstones exactly as :func:`~jaxops.ops.hashtable.evicting.evict`
 makes them (counter and ``last_access`` 0, row set to ``const_val``), and new keys reuse
 their slots. Eviction is maintenance: a pass over the table's slots (the selection is a
 32-step bisection per score word, with a few ``[bucket_size]`` masks as scratch), never a
 second copy of the rows; with ``donate=True`` the table is updated in place.
+
+On a mesh, ``evict_if`` runs the predicate on every shard's slots (an entry's scores do not
+depend on where it lives, and every shard keeps the clock in step), so it evicts the same
+entries as one table. ``evict_lowest`` selects the ``n`` lowest scores over **all** shards
+(the bisection's counts are summed over the mesh axis), ties to the lower **global** slot;
+:func:`evict_lowest_per_shard` evicts a count per shard (the ``"evict"`` load policy, whose
+limit is per shard).
+
+**Predicates are data.** :func:`not_seen_for` and :func:`counter_below` return a
+:class:`SlotPredicate`: a rule (static) and its thresholds (traced arrays), so a loop that
+calls ``evict_if(t, not_seen_for(k))`` with a new ``k`` each time compiles once. A plain
+function works too, but each distinct function object is a program of its own.
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 1, initializer_mode="constant")
@@ -33,6 +45,7 @@ second copy of the rows; with ``donate=True`` the table is updated in place.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -42,10 +55,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, VALID, HashTable, Words64, as_words,
-                                        check_int, check_numeric, check_table)
+from jaxops.ops.hashtable.checks import check_int, check_numeric
+from jaxops.ops.hashtable.placement import placement_of
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, VALID, HashTable
+from jaxops.ops.hashtable.words import Words64
 
-__all__ = ["SlotScores", "counter_below", "evict_if", "evict_lowest", "not_seen_for"]
+__all__ = ["SlotPredicate", "SlotScores", "counter_below", "evict_if", "evict_lowest",
+           "evict_lowest_per_shard", "not_seen_for"]
 
 
 class SlotScores(NamedTuple):
@@ -67,7 +83,33 @@ class SlotScores(NamedTuple):
     clock: jax.Array
 
 
-def counter_below(threshold: int) -> Callable[[SlotScores], jax.Array]:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SlotPredicate:
+    """An :func:`evict_if` predicate as data: ``rule(scores, params) -> bool [slots]`` with
+    ``rule`` static (a module-level function) and ``params`` a pytree of arrays, traced: a
+    new threshold is a new value, not a new program.
+
+    >>> import jax.numpy as jnp
+    >>> old = SlotPredicate(lambda s, p: s.age >= p, jnp.uint32(10))
+    >>> callable(old), old.params.dtype
+    (True, dtype('uint32'))
+    """
+
+    rule: Callable[[SlotScores, Any], jax.Array] = dataclasses.field(metadata={"static": True})
+    params: Any
+
+    def __call__(self, scores: SlotScores) -> jax.Array:
+        return self.rule(scores, self.params)
+
+
+def _counter_below(scores: SlotScores, params) -> jax.Array:
+    t_lo, t_hi = params
+    c = scores.counter
+    return (c.hi < t_hi) | ((c.hi == t_hi) & (c.lo < t_lo))
+
+
+def counter_below(threshold: int) -> SlotPredicate:
     """A predicate for :func:`evict_if`: the access counter is below ``threshold``.
 
     >>> import numpy as np
@@ -77,47 +119,73 @@ def counter_below(threshold: int) -> Callable[[SlotScores], jax.Array]:
     """
     threshold = check_int("counter_below", "threshold", threshold, 0, 2**64 - 1,
                           "an int in [0, 2**64)")
-    t_lo, t_hi = np.uint32(int(threshold) & 0xFFFFFFFF), np.uint32(int(threshold) >> 32)
-
-    def below(scores: SlotScores) -> jax.Array:
-        c = scores.counter
-        return (c.hi < t_hi) | ((c.hi == t_hi) & (c.lo < t_lo))
-
-    return below
+    return SlotPredicate(_counter_below, (jnp.uint32(threshold & 0xFFFFFFFF),
+                                          jnp.uint32(threshold >> 32)))
 
 
-def not_seen_for(steps: int) -> Callable[[SlotScores], jax.Array]:
+def _age_at_least(scores: SlotScores, steps) -> jax.Array:
+    return scores.age >= steps
+
+
+def not_seen_for(steps: int) -> SlotPredicate:
     """A predicate for :func:`evict_if`: no lookup touched the slot in the last ``steps``
     steps (``age >= steps``)."""
     steps = check_int("not_seen_for", "steps", steps, 0, 2**32 - 1, "an int in [0, 2**32)")
-    return lambda scores: scores.age >= np.uint32(steps)
+    return SlotPredicate(_age_at_least, jnp.uint32(steps))
 
 
-def evict_lowest(table: HashTable, n: Any = None, *, fraction: float | None = None,
+def evict_lowest(table: Any, n: Any = None, *, fraction: float | None = None,
                  by: str = "lru", keep: Any = None, const_val: float = 0.0,
-                 donate: bool = False) -> HashTable:
+                 donate: bool = False) -> Any:
     """Evicts the ``n`` live entries of lowest score (see the module docstring for the
-    order and its ties).
+    order and its ties), over all shards of the table's placement.
 
     Args:
-        table: the table.
+        table: the table (any placement).
         n: how many entries (an int, or an int32 scalar inside ``jit``); more than the
             live entries evicts them all.
         fraction: instead of ``n``, a fraction in ``[0, 1]`` of the live entries
             (``floor(fraction * live)``; inside ``jit`` computed in float32).
         by: ``"lru"`` (oldest ``last_access`` first) or ``"lfu"`` (lowest counter first).
-        keep: int32 slots never to evict (e.g. ``info.slots`` of the current batch; -1 is
-            ignored).
+        keep: int32 (global) slots never to evict (e.g. ``info.slots`` of the current
+            batch; -1 is ignored).
         const_val: the value the evicted rows get.
         donate: update ``table`` in place; it is consumed (see ``lookup_or_insert``).
 
     Returns:
         The new table.
     """
-    table = check_table("evict_lowest", table)
+    place = placement_of("evict_lowest", table)
     n, keep = eviction_count(table.live, n, fraction, by, keep)
-    kernel = _evict_lowest_donated if donate else _evict_lowest
-    return kernel(table, n, keep, by=by, const_val=float(const_val))
+    storage = place.storage(table)
+    new, _ = place.map(_lowest_on_shard, (by, float(const_val), True), storage, (n, keep),
+                       donate=donate)
+    return place.rebuild(table, new)
+
+
+def evict_lowest_per_shard(table: Any, counts: Any, keep: Any, by: str, *,
+                           donate: bool = False) -> Any:
+    """Evicts ``counts[i]`` entries of lowest score in shard ``i`` (host ints), sparing the
+    (global) slots ``keep`` (the ``"evict"`` load policy)."""
+    place = placement_of("evict_lowest", table)
+    counts = np.asarray(counts, np.int32).reshape(place.num_shards)
+    keep = jnp.asarray(np.asarray(keep, np.int32).reshape(-1))
+    new, _ = place.map(_lowest_on_shard, (by, 0.0, False), place.storage(table),
+                       (jnp.asarray(counts), keep), donate=donate)
+    return place.rebuild(table, new)
+
+
+def _lowest_on_shard(router, statics, table, replicated):
+    by, const_val, across = statics
+    n, keep = replicated
+    base = router.index() * np.int32(table.bucket_size)
+    mine = (keep >= base) & (keep < base + table.bucket_size)
+    local_keep = jnp.where(mine, keep - base, -1)
+    if not across:  # n: every shard's count
+        return evict_lowest_kernel(table, n[router.index()], local_keep, by=by,
+                                   const_val=const_val), ()
+    return evict_lowest_kernel(table, n, local_keep, by=by, const_val=const_val,
+                               total=router.total, before=router.before), ()
 
 
 def eviction_count(live: Any, n: Any, fraction: float | None, by: str, keep: Any
@@ -148,26 +216,46 @@ def eviction_count(live: Any, n: Any, fraction: float | None, by: str, keep: Any
     return jnp.asarray(n, jnp.int32), keep
 
 
-def evict_if(table: HashTable, predicate: Callable[[SlotScores], jax.Array], *,
-             const_val: float = 0.0, donate: bool = False) -> HashTable:
+def evict_if(table: Any, predicate: Callable[[SlotScores], jax.Array], *,
+             const_val: float = 0.0, donate: bool = False) -> Any:
     """Evicts every live entry for which ``predicate`` is True.
 
     Args:
-        table: the table.
-        predicate: ``predicate(scores: SlotScores) -> bool [bucket_size]``, vectorised over
-            the slots (traced: use ``jnp``), e.g. ``counter_below(3)``, ``not_seen_for(100)``
-            or ``lambda s: (s.age > 10) & (s.counter.lo < 5)``. Slots that are empty or
-            tombstones are never evicted, whatever it says.
+        table: the table (any placement; the predicate sees one shard's slots).
+        predicate: a :class:`SlotPredicate` (e.g. ``counter_below(3)``,
+            ``not_seen_for(100)``: one program whatever the threshold), or a function
+            ``predicate(scores: SlotScores) -> bool [slots]``, vectorised over the slots
+            (traced: use ``jnp``), e.g. ``lambda s: (s.age > 10) & (s.counter.lo < 5)``:
+            one program per function object. Slots that are empty or tombstones are never
+            evicted, whatever it says.
         const_val: the value the evicted rows get.
         donate: update ``table`` in place; it is consumed (see ``lookup_or_insert``).
     """
     op = "evict_if"
-    table = check_table(op, table)
+    place = placement_of(op, table)
     if not callable(predicate):
         raise OpArgumentError(op, "predicate", "a function SlotScores -> bool[bucket_size]",
                               type(predicate).__name__)
-    kernel = _evict_if_donated if donate else _evict_if
-    return kernel(table, predicate=predicate, const_val=float(const_val))
+    rule, params = (predicate.rule, predicate.params) if isinstance(predicate, SlotPredicate) \
+        else (_whole(predicate), None)
+    new, _ = place.map(_if_on_shard, (rule, float(const_val)), place.storage(table), params,
+                       donate=donate)
+    return place.rebuild(table, new)
+
+
+@functools.lru_cache(maxsize=64)
+def _whole(predicate: Callable) -> Callable:
+    """A plain predicate as a rule (cached: the same function, the same program)."""
+    return lambda scores, params: predicate(scores)
+
+
+def _if_on_shard(router, statics, table, params):
+    rule, const_val = statics
+    picked = jnp.asarray(rule(_scores(table), params))
+    if picked.shape != (table.bucket_size,) or picked.dtype != jnp.bool_:
+        raise OpArgumentError("evict_if", "predicate", f"a bool [{table.bucket_size}] result",
+                              f"{picked.dtype} of shape {picked.shape}")
+    return _tombstones(table, picked, const_val), ()
 
 
 def _live(table: HashTable) -> jax.Array:
@@ -192,19 +280,6 @@ def _tombstones(table: HashTable, evicted: jax.Array, const_val: float) -> HashT
         live=table.live - jnp.sum(evicted, dtype=jnp.int32),
         not_exported=table.not_exported - jnp.sum(evicted & ((table.flags & EXPORT) == 0),
                                                   dtype=jnp.int32))
-
-
-def _evict_if_fn(table: HashTable, *, predicate, const_val):
-    picked = jnp.asarray(predicate(_scores(table)))
-    if picked.shape != (table.bucket_size,) or picked.dtype != jnp.bool_:
-        raise OpArgumentError("evict_if", "predicate", f"a bool [{table.bucket_size}] result",
-                              f"{picked.dtype} of shape {picked.shape}")
-    return _tombstones(table, picked, const_val)
-
-
-_evict_if = jax.jit(_evict_if_fn, static_argnames=("predicate", "const_val"))
-_evict_if_donated = jax.jit(_evict_if_fn, static_argnames=("predicate", "const_val"),
-                            donate_argnums=0)
 
 
 def _score_words(table: HashTable, by: str) -> list[jax.Array]:
@@ -245,15 +320,12 @@ def lowest(words: list[jax.Array], candidate: jax.Array, n: jax.Array,
     return below | (tied & (rank <= k))
 
 
-def _evict_lowest_fn(table: HashTable, n, keep, *, by, const_val, total=lambda c: c,
-                     before=lambda c: 0):
+def evict_lowest_kernel(table: HashTable, n, keep, *, by, const_val, total=lambda c: c,
+                        before=lambda c: 0) -> HashTable:
+    """One shard's part of :func:`evict_lowest` (``total``/``before``: sums over all shards
+    and over those before this one, see :func:`lowest`)."""
     size = table.bucket_size
     spared = jnp.zeros(size, bool).at[jnp.where(keep >= 0, keep, size)].set(True, mode="drop")
     picked = lowest(_score_words(table, by), _live(table) & ~spared, jnp.maximum(n, 0), total,
                     before)
     return _tombstones(table, picked, const_val)
-
-
-_evict_lowest = jax.jit(_evict_lowest_fn, static_argnames=("by", "const_val"))
-_evict_lowest_donated = jax.jit(_evict_lowest_fn, static_argnames=("by", "const_val"),
-                                donate_argnums=0)

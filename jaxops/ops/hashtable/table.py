@@ -1,4 +1,4 @@
-"""The ``HashTable`` pytree and the 64-bit words it is made of.
+"""The ``HashTable`` pytree: one table's slots, as every kernel sees them.
 
 A table is ``bucket_size`` slots of open addressing, one key per slot (CANN's bucket array).
 Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a flag byte and
@@ -33,243 +33,30 @@ Beyond CANN, every slot also has a score for eviction: the access counter (LFU) 
 >>> t = HashTable.empty(4, 2, jnp.zeros((4, 2)))
 >>> t.bucket_size, t.embedding_dim, int(t.live)
 (4, 2, 0)
->>> words = as_words(jnp.array([-1, 7], jnp.int32), "Doc", "keys")
->>> [int(w) for w in words.lo], [int(w) for w in words.hi]
-([4294967295, 7], [4294967295, 0])
->>> to_host_int64(as_words([2**64 - 1, -1], "Doc", "keys"), signed=False).tolist()
-[18446744073709551615, 18446744073709551615]
->>> try:  # a host key that does not fit an int64 table
-...     as_words([2**63], "Doc", "keys", key_dtype="int64")
-... except OpArgumentError as e:
-...     print(e.given, "|", e.hint[:44])
-9223372036854775808 | Create the table with init_table(..., key_dt
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.checks import KEY_DTYPES, check_int, check_numeric
+from jaxops.ops.hashtable.words import EMPTY_WORD, Counter64, Words64, to_host_int64
+
+__all__ = ["EVICTED", "EXPORT", "FILTER", "MAX_BUCKET_SIZE", "VALID", "HashTable",
+           "check_bucket_size", "check_table", "host_keys"]
 
 VALID = 0x1
 FILTER = 0x2
 EXPORT = 0x4
 EVICTED = 0x8
 
-EMPTY_WORD = np.uint32(0xFFFFFFFF)  # both words of the empty key -1
 MAX_BUCKET_SIZE = 2**31 - 1  # slots are int32 indices
-
-
-class Words64(NamedTuple):
-    """A 64-bit integer array as its little-endian uint32 words (a pytree of two arrays)."""
-
-    lo: jax.Array
-    hi: jax.Array
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.lo.shape)
-
-
-def _x64() -> bool:
-    return bool(jax.config.jax_enable_x64)
-
-
-def _host_words(x: np.ndarray) -> Words64:
-    wide = x.astype(np.uint64 if x.dtype.kind == "u" else np.int64)
-    pairs = np.ascontiguousarray(wide).view(np.uint32).reshape(*wide.shape, 2)
-    return Words64(jnp.asarray(pairs[..., 0]), jnp.asarray(pairs[..., 1]))
-
-
-_INTEGERS = "an integer array (int64 keys; int32/uint32 JAX arrays)"
-_RANGE = "integers in [-2**63, 2**64) (int64, or uint64 bit patterns)"
-
-#: The dtypes a table's keys may have (``HashTable.key_dtype``).
-KEY_DTYPES = ("int64", "uint64")
-_KEY_RANGE = {"int64": "[-2**63, 2**63)", "uint64": "[0, 2**64)"}
-_KEY_FIX = {
-    "int64": "Create the table with init_table(..., key_dtype=np.uint64) to keep uint64 keys, "
-             "or pass their int64 bit patterns (keys.view(np.int64)).",
-    "uint64": "A uint64 table takes keys >= 0; pass the uint64 bit patterns "
-              "(keys.view(np.uint64)) if that is what the negative keys are.",
-}
-
-
-def check_key_dtype(op: str, key_dtype: Any, arg: str = "key_dtype") -> str:
-    """``key_dtype`` (a dtype or its name) as ``"int64"`` or ``"uint64"``, else an error."""
-    try:
-        name = np.dtype(key_dtype).name if key_dtype is not None else None
-    except TypeError:
-        name = None
-    if name not in KEY_DTYPES:
-        raise OpArgumentError(op, arg, "np.int64 or np.uint64", repr(key_dtype))
-    return name
-
-
-def _check_fit(values: np.ndarray, op: str, arg: str, key_dtype: str | None) -> None:
-    """Refuses host keys whose values the table's ``key_dtype`` cannot hold."""
-    if key_dtype == "int64" and values.dtype.kind in "uO":
-        bad = values >= 2**63
-    elif key_dtype == "uint64" and values.dtype.kind in "iO":
-        bad = values < 0
-    else:
-        return
-    bad = np.asarray(bad, bool)
-    if bad.any():
-        wrong = values[bad].reshape(-1)
-        more = f" (and {wrong.size - 1} more)" if wrong.size > 1 else ""
-        raise OpArgumentError(op, arg, f"{key_dtype} keys in {_KEY_RANGE[key_dtype]} (the "
-                              "table's key_dtype)", f"{int(wrong[0])}{more}", _KEY_FIX[key_dtype])
-
-
-def _python_integers(x: Any, op: str, arg: str, key_dtype: str | None = None) -> np.ndarray:
-    """Python ints (lists, nested lists) as uint64 bit patterns, each range-checked: numpy
-    alone would turn ``[2**63, -1]`` into float64 and ``[2**64]`` into objects."""
-    try:
-        items = np.asarray(x, dtype=object)
-    except ValueError as e:  # ragged nesting
-        raise OpArgumentError(op, arg, _INTEGERS, f"a ragged sequence ({e})") from None
-    flat = items.reshape(-1)
-    for v in flat:
-        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
-            raise OpDTypeError(op, arg, _INTEGERS, repr(v) if items.ndim == 0 else
-                               f"a sequence holding {v!r}")
-        if not -2**63 <= int(v) < 2**64:
-            raise OpArgumentError(op, arg, _RANGE, repr(int(v)))
-    _check_fit(flat, op, arg, key_dtype)
-    return np.array([int(v) % 2**64 for v in flat], np.uint64).reshape(items.shape)
-
-
-def as_words(x: Any, op: str, arg: str, key_dtype: str | None = None) -> Words64:
-    """64-bit integers in any accepted form → :class:`Words64` (uint32 JAX arrays).
-
-    Accepted: a ``Words64``; a numpy integer array of any width (uint64 as bit patterns),
-    split on the host so int64 survives with x64 off; Python ints and (nested) lists of
-    them in ``[-2**63, 2**64)``; a JAX int64/uint64 array (x64 on); a JAX int8..int32 array
-    (sign-extended) or uint8..uint32 array (zero-extended).
-
-    With ``key_dtype`` (a table's, ``"int64"`` or ``"uint64"``) host values (numpy arrays,
-    Python ints) must fit it; JAX arrays and ``Words64`` stay bit patterns.
-    """
-    if isinstance(x, Words64):
-        return Words64(jnp.asarray(x.lo).astype(jnp.uint32), jnp.asarray(x.hi).astype(jnp.uint32))
-    if not isinstance(x, jax.Array):
-        if isinstance(x, np.ndarray) and x.dtype != object:
-            if x.dtype.kind not in "iu":
-                raise OpDTypeError(op, arg, _INTEGERS, str(x.dtype))
-            _check_fit(x, op, arg, key_dtype)
-            return _host_words(x)
-        try:
-            arr = np.asarray(x)  # fast and exact when every int fits int64, or every uint64
-        except (ValueError, OverflowError):
-            arr = None
-        if arr is None or arr.dtype.kind not in "iu":
-            arr = _python_integers(x, op, arg, key_dtype)
-        else:
-            _check_fit(arr, op, arg, key_dtype)
-        return _host_words(arr)
-    dtype = np.dtype(x.dtype)
-    if dtype.kind not in "iu":
-        raise OpDTypeError(op, arg, _INTEGERS, str(dtype))
-    if dtype.itemsize == 8:
-        return Words64((x & 0xFFFFFFFF).astype(jnp.uint32), (x >> 32).astype(jnp.uint32))
-    lo = x.astype(jnp.uint32)  # two's complement bits for signed inputs
-    if dtype.kind == "i":
-        return Words64(lo, jnp.where(x < 0, EMPTY_WORD, np.uint32(0)))
-    return Words64(lo, jnp.zeros_like(lo))
-
-
-def join_words(words: Words64, signed: bool = True) -> jax.Array:
-    """The JAX form of 64-bit words: int64 (uint64 if not ``signed``) with x64 on; with x64
-    off a uint32 array ``[..., 2]`` of ``(lo, hi)`` (see :func:`to_host_int64`)."""
-    if _x64():
-        dt = jnp.int64 if signed else jnp.uint64
-        return (words.hi.astype(dt) << 32) | words.lo.astype(dt)
-    return jnp.stack([words.lo, words.hi], axis=-1)
-
-
-def to_host_int64(x: Any, signed: bool = True) -> np.ndarray:
-    """Host numpy int64 (uint64 if not ``signed``) from :func:`join_words` output or Words64.
-
-    >>> to_host_int64(np.array([[4294967295, 4294967295], [5, 0]], np.uint32)).tolist()
-    [-1, 5]
-    """
-    dt = np.int64 if signed else np.uint64
-    if isinstance(x, Words64):
-        x = np.stack([np.asarray(x.lo), np.asarray(x.hi)], axis=-1)
-    arr = np.asarray(jax.device_get(x))
-    if arr.dtype == np.uint32 and arr.ndim and arr.shape[-1] == 2:
-        return np.ascontiguousarray(arr).view(dt)[..., 0]
-    return arr.astype(dt)
-
-
-def host_keys(table: Any, keys: Any) -> np.ndarray:
-    """Keys from ``table`` (``export``'s, refreshed; ``join_words`` output; ``Words64``) as
-    host numpy in the table's ``key_dtype``.
-
-    >>> t = HashTable.empty(4, 1, jnp.zeros((4, 1))).replace(key_dtype="uint64")
-    >>> host_keys(t, as_words([2**64 - 1], "Doc", "keys")).tolist()
-    [18446744073709551615]
-    """
-    key_dtype = getattr(table, "key_dtype", None)
-    if key_dtype not in ("int64", "uint64"):
-        raise OpArgumentError("host_keys", "table", "a HashTable or ShardedHashTable",
-                              type(table).__name__)
-    if not isinstance(keys, Words64):
-        keys = check_numeric("host_keys", "keys", keys, "integer keys (export's keys, "
-                             "join_words output) or Words64", integer=True)
-    return to_host_int64(keys, signed=key_dtype == "int64")
-
-
-def add_to_words(words: Words64, amount: jax.Array) -> Words64:
-    """``words + amount`` (amount: non-negative uint32-range integers) with carry."""
-    amount = jnp.asarray(amount).astype(jnp.uint32)
-    lo = words.lo + amount
-    return type(words)(lo, words.hi + (lo < words.lo).astype(jnp.uint32))
-
-
-class Counter64(Words64):
-    """A uint64 scalar counter as its two words; ``int(c)`` reads it on the host.
-
-    >>> int(Counter64.zero()), int(add_to_words(Counter64.zero(), np.uint32(2**32 - 1)))
-    (0, 4294967295)
-    """
-
-    __slots__ = ()
-
-    def __int__(self) -> int:
-        return int(to_host_int64(self, signed=False))
-
-    @classmethod
-    def zero(cls) -> "Counter64":
-        return cls(jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.uint32))
-
-
-def as_counter(x: Any) -> Counter64:
-    """A :class:`Counter64` from one, or from a plain non-negative integer scalar."""
-    if isinstance(x, Counter64):
-        return x
-    w = as_words(x if isinstance(x, (Words64, jax.Array)) else np.uint64(x), "Counter64", "x")
-    return Counter64(w.lo.reshape(()), w.hi.reshape(()))
-
-
-def check_int(op: str, arg: str, x: Any, low: int, high: int, expected: str | None = None
-              ) -> int:
-    """``x`` as a Python int if it is an integer (not a bool) in ``[low, high]``; else an
-    :class:`OpArgumentError` naming ``op`` and ``arg``.
-
-    >>> check_int("doc", "n", np.int64(3), 0, 10)
-    3
-    """
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) \
-            or not low <= int(x) <= high:
-        raise OpArgumentError(op, arg, expected or f"an int in [{low}, {high}]", repr(x))
-    return int(x)
 
 
 def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> int:
@@ -367,25 +154,21 @@ def check_table(op: str, table: Any, arg: str = "table") -> HashTable:
     return table
 
 
-def check_numeric(op: str, arg: str, x: Any, expected: str, integer: bool = False) -> Any:
-    """``x`` as an array (a JAX array, traced or not, stays one) if it holds numbers
-    (``integer``: integers or bools); else an :class:`OpDTypeError` naming ``op`` and ``arg``.
 
-    >>> check_numeric("doc", "values", [[1.0, 2.0]], "float rows").dtype
-    dtype('float64')
-    >>> check_numeric("doc", "values", [[1.0], [2.0, 3.0]], "float rows")
-    Traceback (most recent call last):
-    ...
-    jaxops.core.errors.OpDTypeError: doc: argument 'values': expected float rows, got a ragged sequence.
+def host_keys(table: Any, keys: Any) -> np.ndarray:
+    """Keys from ``table`` (``export``'s, refreshed; ``join_words`` output; ``Words64``) as
+    host numpy in the table's ``key_dtype``.
+
+    >>> from jaxops.ops.hashtable.words import as_words
+    >>> t = HashTable.empty(4, 1, jnp.zeros((4, 1))).replace(key_dtype="uint64")
+    >>> host_keys(t, as_words([2**64 - 1], "Doc", "keys")).tolist()
+    [18446744073709551615]
     """
-    try:
-        arr = x if isinstance(x, jax.Array) else np.asarray(x)
-    except (TypeError, ValueError):
-        raise OpDTypeError(op, arg, expected, "a ragged sequence" if isinstance(
-            x, (list, tuple)) else type(x).__name__) from None
-    kinds = (jnp.integer, jnp.bool_) if integer else (jnp.number, jnp.bool_)
-    if not any(jnp.issubdtype(arr.dtype, k) for k in kinds):
-        given = repr(x) if x is None or isinstance(x, str) else (
-            type(x).__name__ if arr.dtype == object else f"dtype {arr.dtype}")
-        raise OpDTypeError(op, arg, expected, given)
-    return arr
+    key_dtype = getattr(table, "key_dtype", None)
+    if key_dtype not in KEY_DTYPES:
+        raise OpArgumentError("host_keys", "table", "a HashTable or ShardedHashTable",
+                              type(table).__name__)
+    if not isinstance(keys, Words64):
+        keys = check_numeric("host_keys", "keys", keys, "integer keys (export's keys, "
+                             "join_words output) or Words64", integer=True)
+    return to_host_int64(keys, signed=key_dtype == "int64")

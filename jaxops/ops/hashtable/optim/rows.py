@@ -4,7 +4,10 @@ touched rows (and their optimizer state), apply a rule, write them back.
 Everything here is O(batch): duplicates are combined by sorting the batch's slots (no
 ``[bucket_size]`` temporaries), and only the touched rows are read and written, with
 scatters into the table's and the state's own buffers, which XLA updates in place when the
-caller's ``jax.jit`` donates them.
+caller's ``jax.jit`` donates them. An optimizer is written once for every placement: its
+state lies beside the table, laid out like it (on a mesh every leaf gets the leading shard
+axis, per-shard counts included), and an update routes each slot and its gradient to the
+slot's shard.
 
 >>> import jax.numpy as jnp
 >>> slot, g, absent = sum_by_slot(jnp.array([4, -1, 4, 2]), jnp.ones((4, 1)))
@@ -22,11 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
-from jaxops.ops.hashtable.table import HashTable, Words64, add_to_words, check_numeric
+from jaxops.ops.hashtable.placement import placement_of, run_routed
+from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.words import Words64, add_to_words
 
-__all__ = ["RowOptimizer", "add_skipped", "make_row_optimizer", "resolve", "slot_owners",
-           "sum_by_slot"]
+__all__ = ["RowOptimizer", "add_skipped", "apply_rule", "make_row_optimizer", "resolve",
+           "slot_owners", "sum_by_slot"]
 
 _LAST = np.int32(np.iinfo(np.int32).max)  # sorts absent slots (-1) after every real slot
 
@@ -101,7 +107,7 @@ def add_skipped(skipped: Any, amount: jax.Array) -> Any:
     the built-in optimizers') carries into its high word; any other count (a custom
     optimizer's state) is added in its own dtype.
 
-    >>> from jaxops.ops.hashtable.table import Counter64
+    >>> from jaxops.ops.hashtable.words import Counter64
     >>> int(add_skipped(Counter64(jnp.uint32(2**32 - 1), jnp.uint32(0)), jnp.int32(2)))
     4294967297
     """
@@ -110,11 +116,11 @@ def add_skipped(skipped: Any, amount: jax.Array) -> Any:
     return skipped + jnp.asarray(amount).astype(jnp.asarray(skipped).dtype)
 
 
-def _check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTable,
-                state: Any) -> None:
-    """``state`` has the structure and leaf shapes ``init_state(table)`` gives: a state made
-    for another table (or for this one before a resize) is refused by name."""
-    want = jax.eval_shape(init_state, table)
+def _check_state(op: str, init: Callable[[Any], Any], table: Any, state: Any) -> None:
+    """``state`` has the structure and leaf shapes ``init(table)`` gives: a state made for
+    another table (or for this one before a resize, or on another placement) is refused by
+    name."""
+    want = jax.eval_shape(init, table)
     shapes = lambda tree: [tuple(np.shape(x)) for x in jax.tree.leaves(tree)]  # noqa: E731
     same_tree = jax.tree.structure(state) == jax.tree.structure(want)
     if not same_tree or shapes(state) != shapes(want):
@@ -122,7 +128,7 @@ def _check_state(op: str, init_state: Callable[[HashTable], Any], table: HashTab
                               f"with leaf shapes {shapes(want)})",
                               f"{type(state).__name__} with leaf shapes {shapes(state)}",
                               "The state belongs to another table (or to this one before a "
-                              "resize): create it with init(table).")
+                              "resize, or on another placement): create it with init(table).")
 
 
 def _per_slot(leaf: Any, bucket_size: int) -> bool:
@@ -144,11 +150,9 @@ SLOTS = "an integer array of slots (lookup_or_insert's info.slots)"
 GRADS = "a float array of shape slots.shape + (embedding_dim,)"
 
 
-def check_update_args(op: str, table: Any, slots: Any, grads: Any) -> tuple[jax.Array, jax.Array]:
+def check_update_args(op: str, table: HashTable, slots: Any, grads: Any
+                      ) -> tuple[jax.Array, jax.Array]:
     """``(slots [N], grads [N, dim])`` flattened, after checking what the caller gave."""
-    if not isinstance(table, HashTable):
-        raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
-                              type(table).__name__)
     slots = jnp.asarray(check_numeric(op, "slots", slots, SLOTS, integer=True))
     grads = jnp.asarray(check_numeric(op, "grads", grads, GRADS))
     dim = table.embedding_dim
@@ -184,8 +188,9 @@ def _fresh_rows(init_state: Callable, values: jax.Array, fields: tuple[str, ...]
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _apply(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
-           step: Any) -> tuple[HashTable, Any]:
+def apply_rule(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
+               step: Any) -> tuple[HashTable, Any]:
+    """One shard's update: the rows at ``slots`` (-1: absent, counted) take ``spec.rule``."""
     size = table.bucket_size
     slot, grad, absent = sum_by_slot(slots, grads)
     at, read = jnp.where(slot >= 0, slot, size), jnp.maximum(slot, 0)
@@ -207,12 +212,19 @@ def _apply(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: j
                            skipped=add_skipped(state.skipped, absent)))
 
 
-def _sharded_ops(table: Any) -> Any:
-    """The sharded-table updates when ``table`` is a ShardedHashTable, else None (imported
-    here: that module imports this one)."""
-    from jaxops.ops.hashtable.sharded import update
+def _init_on_shard(router, init_state, table, replicated):
+    return None, init_state(table)
 
-    return update if isinstance(table, update.ShardedHashTable) else None
+
+def _update_on_shard(router, spec, state, batch, active, step):
+    table, opt = state
+    slots, grads = batch
+    ex = router.slots(slots, active, grads)
+    local, grads = ex.received
+    local = jnp.where(ex.active, local, -1)
+    new_table, new_opt = apply_rule(spec, table, opt, local, grads, step)
+    real = jnp.sum(ex.active & (local < 0), dtype=jnp.int32)  # padding lanes are no entries
+    return (new_table, new_opt._replace(skipped=add_skipped(opt.skipped, real))), (), ()
 
 
 def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: Rule
@@ -256,23 +268,25 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
 
     spec = _Spec(rule, owned_init)
 
-    def init(table: HashTable) -> Any:
-        sharded = _sharded_ops(table)
-        if sharded:  # the state of every shard, sharded like the table
-            return sharded.per_shard_state(table, owned_init)
-        if not isinstance(table, HashTable):
-            raise OpArgumentError(op, "table", "a jaxops.hashtable.HashTable",
-                                  type(table).__name__)
-        return owned_init(table)
+    def init(table: Any) -> Any:
+        place = placement_of(op, table)
+        return place.map(_init_on_shard, owned_init, place.storage(table))[1]
 
-    def update(table: HashTable, state: Any, slots: Any, grads: Any, step: Any = None
-               ) -> tuple[HashTable, Any]:
-        sharded = _sharded_ops(table)
-        if sharded:
-            return sharded.row_optimizer_update(op, spec, table, state, slots, grads, step)
-        flat_slots, flat_grads = check_update_args(op, table, slots, grads)
-        _check_state(op, init_state, table, state)
-        return _apply(spec, table, state, flat_slots, flat_grads, step)
+    def update(table: Any, state: Any, slots: Any, grads: Any, step: Any = None, *,
+               route_capacity: int | None = None, overflow: str = "expand") -> tuple[Any, Any]:
+        place = placement_of(op, table)
+        storage = place.storage(table)
+        flat_slots, flat_grads = check_update_args(op, storage, slots, grads)
+        _check_state(op, init, table, state)
+        n = int(flat_slots.shape[0])
+
+        def attempt(capacity):
+            (new, opt), _, _, route = place.call(_update_on_shard, spec, (storage, state),
+                                                 (flat_slots.astype(jnp.int32), flat_grads),
+                                                 step, capacity=capacity)
+            return place.rebuild(table, new, route.lost), opt, route
+
+        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
 
     init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
     update.__doc__ = f"One {name} step on the touched rows (see :class:`RowOptimizer`)."

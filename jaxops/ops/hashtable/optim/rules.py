@@ -41,7 +41,8 @@ import jax.numpy as jnp
 
 from jaxops.ops.hashtable.optim.rows import (RowOptimizer, make_row_optimizer, resolve,
                                              slot_owners)
-from jaxops.ops.hashtable.table import Counter64, HashTable, Words64
+from jaxops.ops.hashtable.table import HashTable
+from jaxops.ops.hashtable.words import Counter64, Words64
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "RowwiseAdagradState", "SgdState", "adagrad",

@@ -1,10 +1,10 @@
-"""Reading rows by slot, differentiably: ``gather`` with a scatter-add VJP.
+"""Reading one shard's rows by slot, differentiably: ``gather_rows`` with a scatter-add VJP.
 
 >>> import jax, jax.numpy as jnp
 >>> values = jnp.arange(6.0).reshape(3, 2)
->>> gather(values, jnp.array([2, -1, 2])).tolist()
+>>> gather_rows(values, jnp.array([2, -1, 2])).tolist()
 [[4.0, 5.0], [0.0, 0.0], [4.0, 5.0]]
->>> jax.grad(lambda v: gather(v, jnp.array([2, -1, 2])).sum())(values).tolist()
+>>> jax.grad(lambda v: gather_rows(v, jnp.array([2, -1, 2])).sum())(values).tolist()
 [[0.0, 0.0], [0.0, 0.0], [2.0, 2.0]]
 """
 
@@ -18,30 +18,21 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.walk_table import walk_kernel
-from jaxops.ops.hashtable.table import check_numeric
 
-__all__ = ["check_slots", "gather", "probed_rows"]
+__all__ = ["SLOTS", "check_slots", "gather_rows", "probed_rows"]
 
 SLOTS = "an integer array of slots (e.g. lookup_or_insert's info.slots; -1 = absent)"
 
 
-def gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
-    """Rows ``values[slots]`` (shape ``slots.shape + (dim,)``); slot -1 gives ``default_value``.
+def gather_rows(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
+    """Rows ``values[slots]`` (shape ``slots.shape + (dim,)``); slot -1 gives
+    ``default_value``; slots must be in ``[0, rows)`` or -1 (unchecked).
 
     The VJP w.r.t. ``values`` scatter-adds each row's cotangent into its slot (rows of slot
     -1 send nothing), so ``jax.grad`` of a loss over looked-up rows reaches the table rows;
-    duplicate slots accumulate. Only -1 means "absent": other slots outside
-    ``[0, rows)`` raise :class:`~jaxops.errors.OpArgumentError` when ``slots`` is concrete
-    (under ``jit`` they cannot be checked and read as -1).
+    duplicate slots accumulate.
     """
-    if not hasattr(values, "shape") or np.ndim(values) != 2:
-        raise OpArgumentError("gather", "values", "a float array [rows, dim] (a table's "
-                              "values: gather(table.values, slots))", type(values).__name__
-                              if not hasattr(values, "shape") else f"shape {np.shape(values)}")
-    slots = check_numeric("gather", "slots", slots, SLOTS, integer=True)
-    if not isinstance(slots, jax.core.Tracer):
-        check_slots(np.asarray(slots), values.shape[0])
-    return _gather(values, jnp.asarray(slots), default_value)
+    return _gather(values, slots, default_value)
 
 
 def check_slots(slots: np.ndarray, rows: int) -> None:

@@ -1,9 +1,12 @@
-"""In-table AdamW (CANN EmbeddingHashTableApplyAdamW).
+"""In-table AdamW (CANN EmbeddingHashTableApplyAdamW), on any placement.
 
 Only the rows of the given keys move (lazy / sparse AdamW): each gets decoupled weight
 decay ``w *= 1 - lr * wd`` and the bias-corrected Adam step, computed with the Ascend
 kernel's expressions. ``beta1_power`` / ``beta2_power`` are table-wide and advance once per
-call, so a row updated at every step follows ``optax.adamw`` exactly (up to rounding).
+call, so a row updated at every step follows ``optax.adamw`` exactly (up to rounding). On a
+mesh the state lies beside the table, sharded the same way (every per-slot leaf gets the
+leading shard axis; the beta powers and ``skipped`` are kept per shard, the powers all
+equal; the total skipped: ``int(ht.words.sum_counters(state.skipped))``).
 
 >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant", constant_value=1.0)
@@ -26,13 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
-from jaxops.ops.hashtable.batch import (group_first, group_sum, is_first, key_batch, live_slots,
-                                        set_rows, slot_words)
-from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W
+from jaxops.ops.hashtable.batch import (flat_words, group_first, group_sum, is_first, key_batch,
+                                        live_slots, set_rows, slot_words)
+from jaxops.ops.hashtable.checks import check_numeric
+from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W_OP
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
+from jaxops.ops.hashtable.placement import placement_of, run_routed
 from jaxops.ops.hashtable.probe import take
-from jaxops.ops.hashtable.table import (EVICTED, VALID, HashTable, Words64, add_to_words, as_words,
-                                        Counter64, check_numeric, check_table)
+from jaxops.ops.hashtable.table import EVICTED, VALID, HashTable
+from jaxops.ops.hashtable.words import Counter64, Words64, add_to_words
+
+__all__ = ["AdamWState", "adam_w_init", "adam_w_step", "apply_adam_w"]
 
 
 GRADS = "a float array [N, embedding_dim] (one gradient row per key)"
@@ -59,21 +66,26 @@ class AdamWState(NamedTuple):
     skipped: Counter64
 
 
-def adam_w_init(table: HashTable, amsgrad: bool = False) -> AdamWState:
-    """Zero moments and unit beta powers for ``table``."""
-    table = check_table(APPLY_ADAM_W.name, table)
+def adam_w_init(table: Any, amsgrad: bool = False) -> AdamWState:
+    """Zero moments and unit beta powers for ``table`` (any placement)."""
+    place = placement_of(APPLY_ADAM_W_OP.name, table)
+    return place.map(_init_on_shard, bool(amsgrad), place.storage(table))[1]
+
+
+def _init_on_shard(router, amsgrad, table, replicated):
     shape = table.values.shape
     # Separate buffers (not one zeros array twice): a jitted step may donate the state.
     zeros = lambda s: jnp.zeros(s, jnp.float32)  # noqa: E731
-    return AdamWState(zeros(shape), zeros(shape), zeros(shape if amsgrad else (0, shape[1])),
-                      jnp.ones((), jnp.float32), jnp.ones((), jnp.float32),
-                      slot_owners(table), Counter64.zero())
+    return None, AdamWState(zeros(shape), zeros(shape),
+                            zeros(shape if amsgrad else (0, shape[1])), jnp.ones((), jnp.float32),
+                            jnp.ones((), jnp.float32), slot_owners(table), Counter64.zero())
 
 
-def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
+def apply_adam_w(table: Any, state: AdamWState, keys: Any, grads: jax.Array, *, lr,
                  weight_decay, beta1=0.9, beta2=0.999, epsilon=1e-8, amsgrad: bool = False,
-                 maximize: bool = False, slots: jax.Array | None = None
-                 ) -> tuple[HashTable, AdamWState]:
+                 maximize: bool = False, slots: jax.Array | None = None,
+                 route_capacity: int | None = None, overflow: str = "expand"
+                 ) -> tuple[Any, AdamWState]:
     """One AdamW step on the rows of ``keys`` (or of ``slots``).
 
     Gradients of duplicate keys are summed first; absent keys and tombstones are skipped and
@@ -94,75 +106,112 @@ def apply_adam_w(table: HashTable, state: AdamWState, keys: Any, grads: jax.Arra
         lr, weight_decay, beta1, beta2, epsilon: AdamW hyper-parameters.
         amsgrad: use the running max of ``v`` (PyTorch's AMSGrad, as CANN).
         maximize: ascend instead of descend.
-        slots: int32 ``[N]`` slots instead of keys, e.g. ``info.slots`` of the
+        slots: int32 ``[N]`` (global) slots instead of keys, e.g. ``info.slots`` of the
             :func:`lookup_or_insert` that read the rows (a training step then probes the
             table once). Slot -1 and slots not holding a live key are skipped and counted.
+        route_capacity, overflow: on a mesh, as in ``lookup_or_insert``.
 
     Returns:
         ``(table, state)``.
     """
-    op = APPLY_ADAM_W.name
-    table = check_table(op, table)
+    op = APPLY_ADAM_W_OP.name
+    place = placement_of(op, table)
+    storage = place.storage(table)
     if slots is not None:
         slots = jnp.asarray(slots)
         if not jnp.issubdtype(slots.dtype, jnp.integer):
             raise OpDTypeError(op, "slots", "int32 slots (LookupInfo.slots)", str(slots.dtype))
-        slots = slots.reshape(-1).astype(jnp.int32)
-        words = slot_words(slots)  # a placeholder: the kernel reads the slots
+        first = slots.reshape(-1).astype(jnp.int32)
     elif keys is None:
         raise OpArgumentError(op, "keys", "int64 keys, or slots=", "None")
     else:
-        words = as_words(keys, op, "keys", table.key_dtype)
-    n = int(words.lo.size)
+        first = flat_words(op, keys, storage.key_dtype)[0]
+    n, dim = int(jax.tree.leaves(first)[0].shape[0]), storage.embedding_dim
     grads = jnp.asarray(check_numeric(op, "grads", grads, GRADS), jnp.float32)
-    if grads.size != n * table.embedding_dim:
-        raise OpArgumentError(op, "grads", f"[{n}, {table.embedding_dim}] float32 (one row per "
-                              "key)", f"shape {tuple(grads.shape)}")
-    _check_state(op, table, state)
-    if amsgrad and state.max_v.shape[0] != table.bucket_size:
+    if grads.size != n * dim:
+        raise OpArgumentError(op, "grads", f"[{n}, {dim}] float32 (one row per key)",
+                              f"shape {tuple(grads.shape)}")
+    _check_state(op, place, storage, state)
+    if amsgrad and state.max_v.shape[-2] != storage.bucket_size:
         raise OpArgumentError(op, "state", "a state from adam_w_init(table, amsgrad=True)",
                               "a state without max_v", "Create the state with amsgrad=True.")
-    flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
-    return APPLY_ADAM_W(table, state, flat, grads.reshape(n, table.embedding_dim), lr,
-                        weight_decay, beta1, beta2, epsilon, slots, amsgrad=amsgrad,
-                        maximize=maximize)
+    statics = (slots is not None, bool(amsgrad), bool(maximize))
+    hyper = tuple(jnp.asarray(x, jnp.float32) for x in (lr, weight_decay, beta1, beta2, epsilon))
+
+    def attempt(capacity):
+        (new, opt), _, _, route = place.call(_adam_on_shard, statics, (storage, state),
+                                             (first, grads.reshape(n, dim)), hyper,
+                                             capacity=capacity)
+        return place.rebuild(table, new, route.lost), opt, route
+
+    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
 
 
-def _check_state(op: str, table: HashTable, state: Any) -> None:
-    """``state`` is an :class:`AdamWState` of ``table``'s shape (not another table's)."""
+def _adam_on_shard(router, statics, state, batch, active, hyper):
+    by_slots, amsgrad, maximize = statics
+    table, opt = state
+    keys_or_slots, grads = batch
+    if by_slots:
+        ex = router.slots(keys_or_slots, active, grads)
+        slots, grads = ex.received
+    else:
+        ex = router.keys(keys_or_slots, active, grads)
+        words, grads = ex.received
+        slots = live_slots(table, key_batch(APPLY_ADAM_W_OP.name, words, table.bucket_size),
+                           ex.active)
+    slots = jnp.where(ex.active, slots, -1)
+    new_table, new_opt = adam_w_step(table, opt, slots, grads, *hyper, amsgrad=amsgrad,
+                                     maximize=maximize)
+    padding = jnp.sum(~ex.active, dtype=jnp.uint32)  # padding lanes are no keys: not skipped
+    return (new_table, new_opt._replace(skipped=_minus(new_opt.skipped, padding))), (), ()
+
+
+def _minus(count: Counter64, amount: jax.Array) -> Counter64:
+    lo = count.lo - amount
+    return Counter64(lo, count.hi - (lo > count.lo).astype(jnp.uint32))
+
+
+def _check_state(op: str, place: Any, storage: HashTable, state: Any) -> None:
+    """``state`` is an :class:`AdamWState` of the table's shape (not another table's)."""
     if not isinstance(state, AdamWState):
         raise OpArgumentError(op, "state", "an AdamWState (from adam_w_init(table))",
                               type(state).__name__)
-    want = tuple(table.values.shape)
+    want = tuple(storage.values.shape)
     for name in ("m", "v"):
         got = tuple(np.shape(getattr(state, name)))
         if got != want:
             raise OpArgumentError(op, "state", f"the state of this table: {name} of shape {want}",
                                   f"{name} of shape {got}", "The state belongs to another table "
-                                  "(or to this one before a resize): create it with "
-                                  "adam_w_init(table).")
+                                  "(or to this one before a resize, or on another placement): "
+                                  "create it with adam_w_init(table).")
     got = tuple(np.shape(getattr(state.owner, "lo", state.owner)))
-    if got != want[:1]:
-        raise OpArgumentError(op, "state", f"owner words of shape {want[:1]}", f"shape {got}",
+    if got != want[:-1]:
+        raise OpArgumentError(op, "state", f"owner words of shape {want[:-1]}", f"shape {got}",
                               "Create the state with adam_w_init(table).")
 
 
-@APPLY_ADAM_W.kernel("xla")
-@functools.partial(jax.jit, static_argnames=("amsgrad", "maximize"))
+@APPLY_ADAM_W_OP.kernel("xla")
 def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, lr, weight_decay,
                    beta1, beta2, epsilon, slots=None, *, amsgrad, maximize):
+    if slots is None:
+        flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
+        slots = live_slots(table, key_batch(APPLY_ADAM_W_OP.name, flat, table.bucket_size))
+    return adam_w_step(table, state, slots.reshape(-1).astype(jnp.int32), grads, lr,
+                       weight_decay, beta1, beta2, epsilon, amsgrad=amsgrad, maximize=maximize)
+
+
+@functools.partial(jax.jit, static_argnames=("amsgrad", "maximize"))
+def adam_w_step(table: HashTable, state: AdamWState, slots: jax.Array, grads, lr, weight_decay,
+                beta1, beta2, epsilon, *, amsgrad, maximize) -> tuple[HashTable, AdamWState]:
+    """One shard's AdamW step on the rows at ``slots`` (-1 and slots not holding a live key
+    are skipped and counted)."""
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     lr, wd, b1, b2, eps = map(f32, (lr, weight_decay, beta1, beta2, epsilon))
     size = table.bucket_size
-    if slots is None:
-        batch = key_batch(APPLY_ADAM_W.name, words, size)
-        slot = live_slots(table, batch)
-        group = batch.words
-    else:
-        inside = (slots >= 0) & (slots < size)
-        flag = take(table.flags, jnp.where(inside, slots, 0))
-        slot = jnp.where(inside & ((flag & VALID) != 0) & ((flag & EVICTED) == 0), slots, -1)
-        group = slot_words(slot)
+    inside = (slots >= 0) & (slots < size)
+    flag = take(table.flags, jnp.where(inside, slots, 0))
+    slot = jnp.where(inside & ((flag & VALID) != 0) & ((flag & EVICTED) == 0), slots, -1)
+    group = slot_words(slot)
     first = group_first(group, slot >= 0)
     lead = is_first(first, slot >= 0)
     g = group_sum(first, slot >= 0, grads)  # the sums sit at the leads, the rows written

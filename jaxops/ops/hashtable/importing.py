@@ -1,4 +1,5 @@
-"""``import_``: insert or overwrite entries (CANN EmbeddingHashTableImport).
+"""``import_``: insert or overwrite entries (CANN EmbeddingHashTableImport), on any placement:
+every entry goes to its owner shard.
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant")
@@ -14,17 +15,18 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (find_or_place, group_first, is_first, is_last, key_batch,
-                                        set_rows)
-from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
-from jaxops.ops.hashtable.opdefs import IMPORT
-from jaxops.ops.hashtable.probe import take
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, FILTER, VALID, HashTable, Words64,
-                                        add_to_words, as_counter, as_words, check_numeric,
-                                        check_table)
+from jaxops.ops.hashtable.batch import (find_or_place, flat_words, group_first, is_first,
+                                        is_last, key_batch, set_rows)
+from jaxops.ops.hashtable.checks import check_numeric
+from jaxops.ops.hashtable.load_policy import under_load_policy
+from jaxops.ops.hashtable.opdefs import IMPORT_OP
+from jaxops.ops.hashtable.placement import placement_of, run_routed
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
+from jaxops.ops.hashtable.words import Words64, add_to_words, as_counter
+
+__all__ = ["ImportInfo", "import_", "import_entries"]
 
 
 FLAGS = "an integer array [N] of filter flags (0 or 1 per entry)"
@@ -34,7 +36,8 @@ class ImportInfo(NamedTuple):
     """What one ``import_`` did.
 
     Attributes:
-        slots: int32 ``[N]``: where each entry went, -1 if it found no free slot.
+        slots: int32 ``[N]``: where each entry went (global slots), -1 if it found no free
+            slot (or was not routed).
         inserted: int32: keys new to the table (a revived tombstone counts).
         unplaced: int32: entries lost to a full table (also added to ``table.dropped``).
         over_limit: bool: the call left more than ``table.max_live`` live keys (inside
@@ -47,8 +50,9 @@ class ImportInfo(NamedTuple):
     over_limit: jax.Array
 
 
-def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, values: Any
-            ) -> tuple[HashTable, ImportInfo]:
+def import_(table: Any, keys: Any, counters: Any, filter_flags: Any, values: Any, *,
+            route_capacity: int | None = None, overflow: str = "expand"
+            ) -> tuple[Any, ImportInfo]:
     """Inserts or overwrites entries, e.g. the output of :func:`export` (refreshed).
 
     Each entry's slot gets its counter, its row and the flags VALID | EXPORT, plus FILTER
@@ -61,48 +65,69 @@ def import_(table: HashTable, keys: Any, counters: Any, filter_flags: Any, value
     ``last_access`` becomes the table's ``clock`` (not advanced: an import is not a step).
 
     Args:
-        table: the table.
+        table: the table (any placement).
         keys: int64 keys ``[N]`` in any accepted form.
         counters: uint64 ``[N]`` (numpy uint64, JAX uint64 with x64, uint32, or Words64).
         filter_flags: uint8-like ``[N]``.
         values: float32 ``[N, embedding_dim]``.
+        route_capacity, overflow: on a mesh, as in ``lookup_or_insert``.
 
     Returns:
         ``(table, info)`` — unlike CANN, which drops entries silently when the table is
         full, the :class:`ImportInfo` says how many found no slot.
     """
-    op = IMPORT.name
-    table = check_table(op, table)
-    words = as_words(keys, op, "keys", table.key_dtype)
-    count_words = as_words(counters, op, "counters")
-    n = int(np.prod(words.shape))
+    op = IMPORT_OP.name
+    place = placement_of(op, table)
+    storage = place.storage(table)
+    words, _ = flat_words(op, keys, storage.key_dtype)
+    count_words, _ = flat_words(op, counters, arg="counters")
+    n, dim = int(words.lo.shape[0]), storage.embedding_dim
     flags = jnp.asarray(check_numeric(op, "filter_flags", filter_flags, FLAGS, integer=True)
                         ).reshape(-1)
     rows = jnp.asarray(check_numeric(op, "values", values, ROWS), jnp.float32)
-    for arg, got in (("counters", int(np.prod(count_words.shape))), ("filter_flags", flags.size),
-                     ("values", rows.size // max(table.embedding_dim, 1))):
+    for arg, got in (("counters", int(count_words.lo.shape[0])), ("filter_flags", flags.size),
+                     ("values", rows.size // max(dim, 1))):
         if got != n:
             raise OpArgumentError(op, arg, f"{n} entries (one per key)", f"{got}")
-    if rows.size != n * table.embedding_dim:
-        raise OpArgumentError(op, "values", f"[{n}, {table.embedding_dim}] float32 rows",
+    if rows.size != n * dim:
+        raise OpArgumentError(op, "values", f"[{n}, {dim}] float32 rows",
                               f"shape {tuple(rows.shape)}")
+    batch = (words, (count_words, flags, rows.reshape(n, dim)))
+
+    def insert(table):
+        def attempt(capacity):
+            new, slots, (inserted, unplaced, over), route = place.call(
+                _import_on_shard, None, place.storage(table), batch, capacity=capacity)
+            return (place.rebuild(table, new, route.lost),
+                    ImportInfo(slots, inserted, unplaced, over), route)
+
+        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
+
+    return under_load_policy(op, table, words, insert)
+
+
+def _import_on_shard(router, statics, table, batch, active, replicated):
+    words, payload = batch
+    ex = router.keys(words, active, payload)
+    received, (counters, flags, values) = ex.received
+    new, info = import_entries(table, received, counters, flags, values, ex.active)
+    totals = (router.total(info.inserted), router.total(info.unplaced),
+              router.most(info.over_limit.astype(jnp.int32)) > 0)
+    return new, router.back(ex, router.global_slots(info.slots), -1), totals
+
+
+@IMPORT_OP.kernel("xla")
+def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values):
     flat = lambda w: Words64(w.lo.reshape(-1), w.hi.reshape(-1))  # noqa: E731
-    args = (flat(words), flat(count_words), flags, rows.reshape(n, table.embedding_dim))
-    return insert_under_policy(op, table, n, lambda t: _count_new(t, args[0]),
-                               lambda t: IMPORT(t, *args))
+    return import_entries(table, flat(words), flat(counters), filter_flags, values, None)
 
 
 @jax.jit
-def _count_new(table: HashTable, words: Words64):
-    return count_new_keys(table, words, jnp.ones(words.lo.shape, bool))
-
-
-@IMPORT.kernel("xla")
-@jax.jit
-def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_flags, values,
-                   active=None):
+def import_entries(table: HashTable, words: Words64, counters: Words64, filter_flags, values,
+                   active=None) -> tuple[HashTable, ImportInfo]:
+    """One shard's ``import_`` (``active``: False on padding lanes)."""
     size = table.bucket_size
-    batch = key_batch(IMPORT.name, words, size)
+    batch = key_batch(IMPORT_OP.name, words, size)
     # active: False on padding lanes (a sharded table's routing buffers)
     everyone = jnp.ones(words.lo.shape[0], bool) if active is None else active
     first = group_first(batch.words, everyone)

@@ -1,14 +1,14 @@
-"""``save`` / ``load`` of a sharded table: one table file per shard plus a manifest.
+"""A table on a mesh saved as one table file per shard plus a manifest.
 
 A checkpoint is a directory. ``manifest.json`` names the shard files of the current
-generation, ``g-<id>/shard-<i>-of-<n>.jxht``, each written by the single-table
-:func:`~jaxops.ops.hashtable.checkpoint.save` (versioned, checksummed, streamed). A save
+generation, ``g-<id>/shard-<i>-of-<n>.jxht``, each written by
+:func:`~jaxops.ops.hashtable.table_file.write_table_file` (versioned, checksummed, streamed). A save
 writes a new generation's files, then replaces the manifest atomically, then removes older
 generations: a crash at any point leaves a manifest naming a complete set, the old one or
 the new one (atomic as a whole). With several processes each writes the shards its devices
 hold and process 0 writes the manifest after all have finished.
 
-``load(path, mesh=..., axis=...)`` onto the same number of shards puts every file back in
+:func:`load_sharded` onto the same number of shards puts every file back in
 place (the same slots); onto another number (N → M, either way) it reinserts the entries:
 each file is read once (and checked, as any table file), and its live entries are placed in
 their new owner shards in ascending slot order, keeping key, counter, flags and row.
@@ -19,8 +19,8 @@ Tombstones are not carried over (as :func:`resize`).
 >>> t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant")
 >>> t, _, _ = ht.lookup_or_insert(t, np.array([1, 2], np.int64))
 >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
->>> ht.save(t, path)
->>> int(ht.load(path, mesh=mesh, axis="d").live)
+>>> save_sharded(t, path)
+>>> int(load_sharded(path, ht.MeshAxis(mesh, "d")).live)
 2
 """
 
@@ -39,18 +39,18 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
-from jaxops.ops.hashtable.checkpoint import load as load_one
-from jaxops.ops.hashtable.checkpoint import save as save_one
 from jaxops.ops.hashtable.checkpoint_files import atomic_writer, check_path
-from jaxops.ops.hashtable.resize import _rehash
-from jaxops.ops.hashtable.sharded.call import global_replicated
-from jaxops.ops.hashtable.sharded.io import assemble, local_shards
-from jaxops.ops.hashtable.sharded.table import (ShardedHashTable, check_mesh_axis,
-                                                check_sharded, expand, init_sharded_table,
-                                                owner_shard, squeeze, unrouted_count)
-from jaxops.ops.hashtable.table import KEY_DTYPES, EVICTED, EXPORT, VALID, Counter64, HashTable
+from jaxops.ops.hashtable.checks import KEY_DTYPES
+from jaxops.ops.hashtable.create import init_table
+from jaxops.ops.hashtable.on_mesh import MeshAxis, expand, global_replicated, squeeze
+from jaxops.ops.hashtable.placement import placement_of
+from jaxops.ops.hashtable.rebuild import rehash
+from jaxops.ops.hashtable.route import owner_shard
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, VALID, HashTable
+from jaxops.ops.hashtable.table_file import read_table_file, write_table_file
+from jaxops.ops.hashtable.words import Counter64
 
-__all__ = ["MANIFEST", "is_sharded_checkpoint", "load", "save"]
+__all__ = ["MANIFEST", "is_sharded_checkpoint", "load_sharded", "save_sharded"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "jaxops-sharded-hashtable"
@@ -60,18 +60,18 @@ def is_sharded_checkpoint(path) -> bool:
     return os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST))
 
 
-def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
-    """Writes ``table`` into the directory ``path`` (created if missing); see the module
-    docstring. Every process of a multi-process run must call it (a collective)."""
-    table = check_sharded("save", table)
+def save_sharded(table, path: str | os.PathLike) -> None:
+    """Writes ``table`` (on a mesh) into the directory ``path`` (created if missing); see
+    the module docstring. Every process of a multi-process run must call it (a collective)."""
+    place = placement_of("save", table)
     path = check_path("save", path)
     generation = _agree(f"g-{secrets.token_hex(8)}")
     n = table.num_shards
     names = [f"{generation}/shard-{i:05d}-of-{n:05d}.jxht" for i in range(n)]
     os.makedirs(os.path.join(path, generation), exist_ok=True)
-    for i, local in local_shards(table).items():
-        if _writes(table, i):
-            save_one(local, os.path.join(path, names[i]))
+    for i, local in place.local_shards(table.shards).items():
+        if place.writes(i):
+            write_table_file(local, os.path.join(path, names[i]))
     _barrier("jaxops-save-shards")
     if jax.process_index() == 0:
         shards = table.shards
@@ -86,14 +86,6 @@ def save(table: ShardedHashTable, path: str | os.PathLike) -> None:
             if entry.startswith("g-") and entry != generation:
                 shutil.rmtree(os.path.join(path, entry), ignore_errors=True)
     _barrier("jaxops-save-manifest")
-
-
-def _writes(table: ShardedHashTable, shard: int) -> bool:
-    """Whether this process writes ``shard``: the process of its first device (replicas
-    along other mesh axes are not written twice)."""
-    axis_pos = table.mesh.axis_names.index(table.axis)
-    devices = np.ravel(np.moveaxis(table.mesh.devices, axis_pos, 0)[shard])
-    return devices[0].process_index == jax.process_index()
 
 
 def _agree(value: str) -> str:
@@ -134,13 +126,14 @@ def read_manifest(path) -> dict:
     return manifest
 
 
-def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = None,
-         constant_value: float = 0.0) -> ShardedHashTable:
-    """Reads a checkpoint written by :func:`save` onto ``mesh``'s ``axis`` (any shard count).
+def load_sharded(path: str | os.PathLike, placement: MeshAxis, *,
+                 shard_size: int | None = None, constant_value: float = 0.0):
+    """Reads a checkpoint written by :func:`save_sharded` onto ``placement`` (any shard
+    count).
 
     Args:
         path: the checkpoint directory.
-        mesh, axis: where the table goes.
+        placement: where the table goes.
         shard_size: slots per new shard; default: the saved slots in all, spread evenly.
         constant_value: the row of free slots when entries are reinserted.
 
@@ -148,8 +141,7 @@ def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = N
         CheckpointError: a missing or corrupt manifest or shard file.
         OpArgumentError: the entries do not fit ``shard_size`` in some shard.
     """
-    op = "load"
-    m = check_mesh_axis(op, mesh, axis)
+    m = placement.num_shards
     manifest = read_manifest(path)
     n, size, dim = manifest["num_shards"], manifest["shard_size"], manifest["embedding_dim"]
     per = -(-(n * size) // m) if shard_size is None else int(shard_size)
@@ -158,36 +150,26 @@ def load(path: str | os.PathLike, *, mesh, axis: str, shard_size: int | None = N
                   load_policy=manifest["load_policy"],
                   key_dtype=manifest.get("key_dtype", "int64"))  # absent: an older manifest
     if n == m and per == size:
-        local = {i: load_one(files[i]).replace(**policy) for i in _shards_here(mesh, axis)}
-        shards = assemble(local, mesh, axis, m)
+        local = {i: read_table_file(files[i]).replace(**policy) for i in placement.shards_here()}
+        shards = placement.assemble(local)
     else:
-        shards = _reinsert(files, mesh, axis, m, per, dim, float(constant_value), policy, path)
-    return ShardedHashTable(shards, unrouted_count(mesh, manifest.get("unrouted", 0)), mesh,
-                            axis)
+        shards = _reinsert(files, placement, per, dim, float(constant_value), policy, path)
+    table = placement.rebuild(None, shards)
+    return table.replace(unrouted=table.unrouted + np.int32(manifest.get("unrouted", 0)))
 
 
-def _shards_here(mesh, axis) -> dict:
-    axis_pos = mesh.axis_names.index(axis)
-    devices = np.moveaxis(mesh.devices, axis_pos, 0)
-    here = {}
-    for i in range(devices.shape[0]):
-        mine = [d for d in np.ravel(devices[i]) if d.process_index == jax.process_index()]
-        if mine:
-            here[i] = mine[0]
-    return here
-
-
-def _reinsert(files, mesh, axis, m, per, dim, constant_value, policy, path) -> HashTable:
+def _reinsert(files, placement, per, dim, constant_value, policy, path) -> HashTable:
     # The new shards are built on their devices; each file is read once and replicated to
     # the devices (one shard's worth of extra memory each, never the whole table), and one
     # program (compiled once per file shape, not per device) moves every device's entries.
-    target = init_sharded_table(m * per, dim, mesh, axis, initializer_mode="constant",
-                                constant_value=constant_value).shards
+    mesh, axis, m = placement.mesh, placement.axis, placement.num_shards
+    target = init_table(m * per, dim, initializer_mode="constant", constant_value=constant_value,
+                        placement=placement).shards
     expected = jax.jit(lambda: jnp.zeros(m, jnp.int32),  # placed as the mover returns it
                        out_shardings=NamedSharding(mesh, P()))()
     dropped = 0
     for file in files:
-        source = jax.device_get(load_one(file))
+        source = jax.device_get(read_table_file(file))
         dropped += int(source.dropped)
         words = np.array([dropped % 2**64], np.uint64).view(np.uint32)
         target, live, expected = _mover(mesh, axis, m)(
@@ -211,7 +193,7 @@ def _mover(mesh, axis: str, m: int):
         live = (source.flags & (VALID | EVICTED)) == VALID
         mine = live & (owner_shard(source.key_lo, source.key_hi, m) == me)
         owned = source.replace(flags=jnp.where(mine, source.flags, jnp.uint8(0)))
-        t = _rehash(owned, squeeze(target))
+        t = rehash(owned, squeeze(target))
         live = (t.flags & (VALID | EVICTED)) == VALID
         first = me == 0
         t = t.replace(live=jnp.sum(live, dtype=jnp.int32),

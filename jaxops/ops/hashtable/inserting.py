@@ -1,13 +1,11 @@
-"""Reading and inserting keys: ``find``, ``locate``, ``lookup`` and ``lookup_or_insert``.
+"""``lookup_or_insert``: rows of keys, inserting absent ones (CANN
+EmbeddingHashTableLookupOrInsert), on any placement.
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
 >>> t, rows, info = ht.lookup_or_insert(t, np.array([7, 9, 7], np.int64))
 >>> rows.shape, int(info.inserted), int(t.live)
 ((3, 2), 2, 2)
->>> rows, found = ht.find(t, np.array([9, 8], np.int64))
->>> found.tolist()
-[True, False]
 
 **Batch order.** A batch behaves exactly like a loop over its keys in index order: new keys
 are inserted in the order of their first occurrence (that decides their slots when probe
@@ -16,7 +14,8 @@ its key's counter, and with counter filtering occurrence ``r`` of a key (1-based
 counter ``before + r``. A new key takes the first reusable slot of its probe walk (empty, or
 another key's tombstone — beyond CANN), so a key reviving its tombstone finds it taken when
 an earlier key of the batch reused it, and is then inserted anew (see
-:mod:`~jaxops.ops.hashtable.probe`).
+:mod:`~jaxops.ops.hashtable.probe`). On a mesh each owner shard sees its keys in global
+batch order, so a sharded table answers exactly as one table does.
 """
 
 from __future__ import annotations
@@ -29,34 +28,39 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.core.walk_table import walk_kernel
-from jaxops.ops.hashtable.batch import (find_or_place, group_count, group_first, is_first,
-                                        key_batch, live_slots, set_rows)
-from jaxops.ops.hashtable.gather import gather, probed_rows
-from jaxops.ops.hashtable.lanes import while_loop
-from jaxops.ops.hashtable.load import count_new_keys, insert_under_policy
-from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT
+from jaxops.ops.hashtable.batch import (effective_keys, find_or_place, flat_words,
+                                        group_count, group_first, is_first, key_batch, set_rows)
+from jaxops.ops.hashtable.load_policy import under_load_policy
+from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT_OP
+from jaxops.ops.hashtable.placement import placement_of, run_routed
 from jaxops.ops.hashtable.probe import take
-from jaxops.ops.hashtable.table import (EVICTED, FILTER, VALID, HashTable, Words64,
-                                        add_to_words, as_counter, as_words, check_table)
+from jaxops.ops.hashtable.route import RouteInfo
+from jaxops.ops.hashtable.row_gather import gather_rows
+from jaxops.ops.hashtable.table import EVICTED, FILTER, VALID, HashTable
+from jaxops.ops.hashtable.words import Words64, add_to_words, as_counter
+from jaxops.ops.loops import while_loop
+
+__all__ = ["LookupInfo", "checked_attrs", "insert_keys", "lookup_or_insert"]
 
 _NOBODY = np.int32(np.iinfo(np.int32).max)
 
 
 class LookupInfo(NamedTuple):
-    """What one ``lookup_or_insert`` did (a pytree of arrays).
+    """What one ``lookup_or_insert`` did (a pytree of arrays; counts over all shards).
 
     Attributes:
-        slots: int32, keys' shape: the slot of each key, -1 where it got no slot (table
-            full) or was a filtered ``filter_key``.
+        slots: int32, keys' shape: the (global) slot of each key, -1 where it got no slot
+            (table full, not routed) or was a filtered ``filter_key``.
         admitted: bool, keys' shape: True where the real row was returned (False: the
             ``default_value`` row, for filter_key, admission or a full table).
         inserted: int32: keys newly inserted (a revived tombstone counts).
         unplaced: int32: keys (occurrences) that found no free slot — lost to a full table.
         not_admitted: int32: occurrences refused by counter filtering.
         filtered: int32: occurrences equal to ``filter_key`` given ``default_value``.
-        over_limit: bool: the call left more than ``table.max_live`` live keys (only seen
-            inside ``jit``: eagerly the table's load policy acts instead).
+        over_limit: bool: the call left more than ``max_live`` live keys in some shard (only
+            seen inside ``jit``: eagerly the table's load policy acts instead).
+        route: the :class:`~.route.RouteInfo` of the call (keys not routed are in none of
+            the counts; on one device every key is served).
     """
 
     slots: jax.Array
@@ -66,72 +70,15 @@ class LookupInfo(NamedTuple):
     not_admitted: jax.Array
     filtered: jax.Array
     over_limit: jax.Array
+    route: RouteInfo | None = None
 
 
-def locate(table: HashTable, keys: Any) -> jax.Array:
-    """The slot of each key (int32, keys' shape): -1 for absent and evicted keys.
-
-    Args:
-        table: the table.
-        keys: int64 keys — numpy int64, JAX int64 (x64), JAX int32/uint32, or ``Words64``.
-    """
-    return _slots_of("locate", table, keys)
-
-
-def _slots_of(op: str, table: Any, keys: Any) -> jax.Array:
-    """:func:`locate` on behalf of ``op`` (the public function the user called, which its
-    argument errors name)."""
-    table = check_table(op, table)
-    batch = key_batch(op, keys, table.bucket_size, key_dtype=table.key_dtype)
-    return _locate(table, batch).reshape(batch.shape)
-
-
-@jax.jit
-def _locate(table, batch):
-    return live_slots(table, batch)
-
-
-def lookup(table: HashTable, keys: Any) -> jax.Array:
-    """Rows of ``keys`` (zeros for absent keys), differentiable w.r.t. ``table.values``.
-
-    ``jax.grad(lambda v: loss(lookup(table.replace(values=v), keys)))(table.values)``
-    scatter-adds each row's gradient into its slot (see :func:`gather`).
-    """
-    table = check_table("lookup", table)
-    return gather(table.values, _slots_of("lookup", table, keys))
-
-
-def find(table: HashTable, keys: Any, *, default_value: float = 0.0
-         ) -> tuple[jax.Array, jax.Array]:
-    """``(values, found)`` for ``keys`` without changing the table.
-
-    Returns:
-        float32 ``keys.shape + (dim,)`` rows (``default_value`` where absent or evicted) and
-        bool ``keys.shape``.
-    """
-    table = check_table("find", table)
-    batch = key_batch("find", keys, table.bucket_size, key_dtype=table.key_dtype)
-    rows, slots = _find(table, batch, float(default_value))
-    return rows.reshape(*batch.shape, table.embedding_dim), (slots >= 0).reshape(batch.shape)
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _find(table, batch, default_value):
-    """Rows and live slots; one native pass (probe and read) where the walks are native."""
-    fused = walk_kernel("find_rows")
-    if fused is not None:
-        return probed_rows(fused, table.values, (table.key_lo, table.key_hi, table.flags,
-                                                 batch.words.lo, batch.words.hi), default_value)
-    slots = live_slots(table, batch)
-    return gather(table.values, slots, default_value), slots
-
-
-def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filter",
+def lookup_or_insert(table: Any, keys: Any, *, filter_mode: str = "no_filter",
                      filter_freq: int = 0, default_key_or_value: bool = False,
                      default_key: int = 0, default_value: float = 0.0,
                      filter_key_flag: bool = False, filter_key: int = -1,
-                     step: Any = None, donate: bool = False
-                     ) -> tuple[HashTable, jax.Array, LookupInfo]:
+                     step: Any = None, donate: bool = False, route_capacity: int | None = None,
+                     overflow: str = "expand") -> tuple[Any, jax.Array, LookupInfo]:
     """Rows of ``keys``, inserting absent keys (CANN EmbeddingHashTableLookupOrInsert).
 
     Every occurrence adds 1 to its key's counter. A new key takes the first reusable slot
@@ -141,13 +88,13 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
     comes back as new (EVICTED, EXPORT and FILTER cleared). See the module docstring for
     the batch order.
 
-    Beyond CANN each call is a step of the table's clock: ``table.clock`` becomes ``step``
-    (default: the old clock + 1) and every slot the call touches (keys that got a slot,
-    admitted or not) gets ``last_access = table.clock``, the score of LRU eviction
-    (:func:`~jaxops.ops.hashtable.scored.evict_lowest`).
+    Beyond CANN each call is a step of the table's clock: ``table.clock`` (every shard's)
+    becomes ``step`` (default: the old clock + 1) and every slot the call touches (keys
+    that got a slot, admitted or not) gets ``last_access = table.clock``, the score of LRU
+    eviction (:func:`~jaxops.ops.hashtable.scored.evict_lowest`).
 
     Args:
-        table: the table.
+        table: the table (any placement).
         keys: int64 keys in any accepted form (any shape).
         filter_mode: ``"no_filter"``, or ``"counter"``: admission, which CANN declares but
             does not implement — an occurrence whose counter (this one included) is below
@@ -159,7 +106,7 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
             ``default_key`` (True) instead of answering ``default_value`` (False).
         default_key: the replacement key.
         default_value: the value of rows not read from the table (filtered, not admitted,
-            table full).
+            table full, not routed).
         filter_key_flag: whether ``filter_key`` is special.
         filter_key: the special key.
         step: the clock value of this call, an int in ``[0, 2**32)`` or a uint32-castable
@@ -170,14 +117,21 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
             memory needs. ``table`` is consumed: its arrays are deleted, and only the
             returned table may be used. Inside ``jit`` donation is the outer jit's
             (``donate_argnums``) and this flag changes nothing.
+        route_capacity: on a mesh, lanes per destination buffer on each device (static).
+            ``None``: the device's batch slice, which nothing can overflow; smaller buffers
+            move less data but may leave keys unserved (reported in ``info.route``).
+        overflow: what an eager call does when keys did not fit their routing buffer:
+            ``"expand"`` (rerun at the next power of two that fits), ``"error"`` or
+            ``"truncate"`` (keys not served get ``default_value``; warns). Inside ``jit``,
+            ``info.route`` reports it. One device routes nothing.
 
     Returns:
         ``(table, values, info)``: the new table, float32 ``keys.shape + (dim,)`` rows
         (differentiable w.r.t. ``table.values``) and a :class:`LookupInfo`. Keys that find
         no free slot get ``default_value``, are counted in ``info.unplaced`` and in
         ``table.dropped`` — never dropped silently. A call that would leave more than
-        ``table.max_live`` live keys applies the table's load policy
-        (:mod:`~jaxops.ops.hashtable.load`: raise, grow the table or evict by score,
+        ``max_live`` live keys in a shard applies the table's load policy
+        (:mod:`~jaxops.ops.hashtable.load_policy`: raise, grow the table or evict by score,
         eagerly and before the insert; inside ``jit`` ``info.over_limit``).
 
     >>> import numpy as np, jaxops.hashtable as ht
@@ -186,91 +140,89 @@ def lookup_or_insert(table: HashTable, keys: Any, *, filter_mode: str = "no_filt
     >>> int(t.clock), np.asarray(t.last_access)[np.asarray(info.slots)].tolist()
     (7, [7, 7])
     """
-    op = LOOKUP_OR_INSERT.name
-    table = check_table(op, table)
-    if not 0 <= int(filter_freq) < 2**31:
-        raise OpArgumentError(op, "filter_freq", "an int in [0, 2**31)", repr(filter_freq))
-    if isinstance(step, (int, np.integer)) and not 0 <= int(step) < 2**32:
-        raise OpArgumentError(op, "step", "an int in [0, 2**32)", repr(step))
-    words = as_words(keys, op, "keys", table.key_dtype)
-    attrs = tuple(dict(filter_mode=filter_mode, filter_freq=filter_freq,
-                       default_key_or_value=default_key_or_value, default_key=default_key,
-                       default_value=default_value, filter_key_flag=filter_key_flag,
-                       filter_key=filter_key).items())
+    op = LOOKUP_OR_INSERT_OP.name
+    place = placement_of(op, table)
+    attrs = checked_attrs(dict(filter_mode=filter_mode, filter_freq=filter_freq,
+                               default_key_or_value=default_key_or_value,
+                               default_key=default_key, default_value=default_value,
+                               filter_key_flag=filter_key_flag, filter_key=filter_key))
     if isinstance(step, (int, np.integer)):
+        if not 0 <= int(step) < 2**32:
+            raise OpArgumentError(op, "step", "an int in [0, 2**32)", repr(step))
         step = np.uint32(step)
     step = None if step is None else jnp.asarray(step)
-    tracing = isinstance(table.live, jax.core.Tracer)
-    insert = _insert_donated if donate and not tracing else _insert
-    new_table, rows, info = insert_under_policy(
-        op, table, int(np.prod(words.shape)),
-        lambda t: _count_new(t, words, attrs=attrs),
-        lambda t: insert(t, words, step, attrs=attrs), donate=donate and not tracing)
-    shape = words.shape
-    return (new_table, rows.reshape(*shape, table.embedding_dim),
-            info._replace(slots=info.slots.reshape(shape), admitted=info.admitted.reshape(shape)))
+    words, shape = flat_words(op, keys, place.storage(table).key_dtype)
+    n = int(words.lo.shape[0])
+    donate = donate and not isinstance(place.storage(table).live, jax.core.Tracer)
+    if donate and place.routes and route_capacity is not None and overflow == "expand":
+        raise OpArgumentError(op, "donate", "False when route_capacity is given with "
+                              "overflow='expand' (a rerun needs the table the first try "
+                              "consumed)", "True", "Pass route_capacity=None (never "
+                              "overflows) or overflow='error'/'truncate'.")
+    statics = tuple(sorted(attrs.items()))
+
+    def insert(table):
+        def attempt(capacity):
+            new, (rows, slots, admitted), (counts, over), route = place.call(
+                _insert_on_shard, statics, place.storage(table), words, step,
+                capacity=capacity, donate=donate)
+            info = LookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts, over,
+                              route._replace(served=route.served.reshape(shape)))
+            return (place.rebuild(table, new, route.lost),
+                    rows.reshape(*shape, place.storage(table).embedding_dim), info)
+
+        return run_routed(op, place, attempt, lambda r: r[2].route, n, route_capacity, overflow)
+
+    skip = (filter_key_flag, filter_key, default_key_or_value, default_key)
+    return under_load_policy(op, table, words, insert, skip=skip, donate=donate)
 
 
-def _insert_fn(table: HashTable, words: Words64, step, *, attrs):
-    clock = table.clock + np.uint32(1) if step is None else step.astype(jnp.uint32)
-    return LOOKUP_OR_INSERT(table.replace(clock=clock), words, **dict(attrs))
+def checked_attrs(attrs: dict) -> dict:
+    """The attributes checked (a bad name or value raises, naming it)."""
+    out = LOOKUP_OR_INSERT_OP.check_attrs(attrs)
+    if not 0 <= int(out["filter_freq"]) < 2**31:
+        raise OpArgumentError(LOOKUP_OR_INSERT_OP.name, "filter_freq", "an int in [0, 2**31)",
+                              repr(out["filter_freq"]))
+    return out
 
 
-_insert = jax.jit(_insert_fn, static_argnames="attrs")
-_insert_donated = jax.jit(_insert_fn, static_argnames="attrs", donate_argnums=0)
+def _insert_on_shard(router, statics, table, words, active, step):
+    attrs = dict(statics)
+    ex = router.keys(words, active)
+    received, _ = ex.received
+    table = table.replace(clock=table.clock + np.uint32(1) if step is None
+                          else jnp.asarray(step).astype(jnp.uint32))
+    new, rows, info = insert_keys(table, received, ex.active, **attrs)
+    per_key = (router.back(ex, rows, attrs["default_value"]),
+               router.back(ex, router.global_slots(info.slots), -1),
+               router.back(ex, info.admitted, False))
+    counts = router.total((info.inserted, info.unplaced, info.not_admitted, info.filtered))
+    return new, per_key, (counts, router.most(info.over_limit.astype(jnp.int32)) > 0)
 
 
-@functools.partial(jax.jit, static_argnames="attrs")
-def _count_new(table: HashTable, words: Words64, *, attrs):
-    attrs = dict(attrs)
-    flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
-    flat, skip = _effective_keys(flat, attrs["filter_key_flag"], attrs["filter_key"],
-                                 attrs["default_key_or_value"], attrs["default_key"])
-    return count_new_keys(table, flat, ~skip)
-
-
-def _effective_keys(words: Words64, filter_key_flag, filter_key, default_key_or_value,
-                    default_key) -> tuple[Words64, jax.Array]:
-    """The keys a call works on (``filter_key`` replaced by ``default_key`` where asked) and
-    the mask of the occurrences it skips (``filter_key`` answered with the default value)."""
-    skip = jnp.zeros(words.lo.shape, bool)
-    if filter_key_flag:
-        f_lo, f_hi = _const_words(filter_key)
-        is_filter_key = (words.lo == f_lo) & (words.hi == f_hi)
-        if default_key_or_value:
-            d_lo, d_hi = _const_words(default_key)
-            words = Words64(jnp.where(is_filter_key, d_lo, words.lo),
-                            jnp.where(is_filter_key, d_hi, words.hi))
-        else:
-            skip = is_filter_key
-    return words, skip
-
-
-def _const_words(value: int) -> tuple[np.uint32, np.uint32]:
-    pair = np.array([value % 2**64], np.uint64).view(np.uint32)  # uint64 keys: their bits
-    return pair[0], pair[1]
-
-
-@LOOKUP_OR_INSERT.kernel("xla")
+@LOOKUP_OR_INSERT_OP.kernel("xla")
 def _lookup_or_insert_kernel(table, words, **attrs):
     flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
-    return _lookup_or_insert(table, flat, **attrs)
+    return insert_keys(table, flat, None, **attrs)
 
 
 @functools.partial(jax.jit, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
                                              "default_key", "default_value", "filter_key_flag",
                                              "filter_key"))
-def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_mode,
-                      filter_freq, default_key_or_value, default_key, default_value,
-                      filter_key_flag, filter_key):
-    # ``active``: bool [N], False for padding lanes (a sharded table's routing buffers),
-    # which do nothing and count nowhere.
+def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, filter_freq,
+                default_key_or_value, default_key, default_value, filter_key_flag,
+                filter_key) -> tuple[HashTable, jax.Array, LookupInfo]:
+    """One shard's insert: the kernel of :func:`lookup_or_insert` (clock already set).
+
+    ``active``: bool [N], False for padding lanes (a sharded table's routing buffers),
+    which do nothing and count nowhere.
+    """
     size = table.bucket_size
-    words, skip = _effective_keys(words, filter_key_flag, filter_key, default_key_or_value,
-                                  default_key)
+    words, skip = effective_keys(words, filter_key_flag, filter_key, default_key_or_value,
+                                 default_key)
     padding = jnp.zeros(words.lo.shape[0], bool) if active is None else ~active
     skip = skip | padding
-    batch = key_batch(LOOKUP_OR_INSERT.name, words, size)
+    batch = key_batch(LOOKUP_OR_INSERT_OP.name, words, size)
     valid = ~skip
     first = group_first(batch.words, valid)  # equal keys share a slot: this groups slots too
     place = find_or_place(table, batch, valid, first)
@@ -318,7 +270,7 @@ def _lookup_or_insert(table: HashTable, words: Words64, active=None, *, filter_m
                              lead),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
-    rows = gather(table.values, jnp.where(admitted, slot, -1), default_value)
+    rows = gather_rows(table.values, jnp.where(admitted, slot, -1), default_value)
     info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
                       jnp.sum(skip & ~padding, dtype=jnp.int32), new_table.live > table.max_live)
     return new_table, rows, info

@@ -1,4 +1,5 @@
-"""``resize`` and ``compact``: the same live entries in a rebuilt table.
+"""``resize`` and ``compact``: the same live entries in a rebuilt table, on any placement
+(on a mesh every shard is rebuilt where it lives; each key stays with its owner).
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(4, 2, initializer_mode="constant")
@@ -11,22 +12,27 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import set_rows
 from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.murmur import home_slot
+from jaxops.ops.hashtable.placement import placement_of
 from jaxops.ops.hashtable.probe import place_new_keys
-from jaxops.ops.hashtable.table import (EVICTED, EXPORT, VALID, HashTable, check_bucket_size,
-                                        add_to_words, as_counter, check_table)
+from jaxops.ops.hashtable.table import EVICTED, EXPORT, VALID, HashTable, check_bucket_size
+from jaxops.ops.hashtable.words import add_to_words, as_counter
+
+__all__ = ["compact", "rehash", "resize"]
 
 
-def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "constant",
+def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constant",
            constant_value: float = 0.0, sampled_values: jax.Array | None = None,
-           key: jax.Array | None = None) -> HashTable:
+           key: jax.Array | None = None) -> Any:
     """Rehashes every live entry into a table of ``new_bucket_size`` slots.
 
     Keys, counters, flags (export state included), rows, ``last_access`` (and the table's
@@ -34,28 +40,44 @@ def resize(table: HashTable, new_bucket_size: int, *, initializer_mode: str = "c
     (beyond CANN, which has no resize: they only kept evicted keys' slots, and their keys are
     gone either way), so a table may shrink to its live keys. The new table's free slots get
     rows as in :func:`init_table` (the initializer arguments are passed on); the load limit
-    and policy are kept.
+    and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each shard gets
+    ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with
+    ``fold_in(key, i)``.
 
     Raises:
-        OpArgumentError: when the live entries do not fit (checked when the table is
-            concrete; inside ``jit`` the entries that find no slot are counted in
+        OpArgumentError: when the live entries do not fit a shard (checked when the table
+            is concrete; inside ``jit`` the entries that find no slot are counted in
             ``table.dropped``).
     """
     op = "resize"
-    table = check_table(op, table)
+    place = placement_of(op, table)
+    storage = place.storage(table)
     new_bucket_size = check_bucket_size(op, new_bucket_size, "new_bucket_size")
-    live = table.live
-    if not isinstance(live, jax.core.Tracer) and int(live) > new_bucket_size:
-        raise OpArgumentError(op, "new_bucket_size", f"at least {int(live)} (the live keys)",
-                              str(new_bucket_size))
-    fresh = init_table(new_bucket_size, table.embedding_dim, initializer_mode=initializer_mode,
-                       constant_value=constant_value, sampled_values=sampled_values, key=key)
-    fresh = fresh.replace(max_load_factor=table.max_load_factor, load_policy=table.load_policy,
-                          key_dtype=table.key_dtype)
-    return _rehash(table, fresh)
+    per = -(-new_bucket_size // place.num_shards)
+    if not isinstance(storage.live, jax.core.Tracer):
+        most = int(np.max(place.per_shard(storage.live)))
+        if most > per:
+            where = " per shard (the live keys of the fullest shard)" if place.routes else \
+                " (the live keys)"
+            raise OpArgumentError(op, "new_bucket_size", f"at least {most}{where}",
+                                  f"{new_bucket_size}" + (f" ({per} per shard)"
+                                                          if place.routes else ""))
+    fresh = place.storage(init_table(per * place.num_shards, storage.embedding_dim,
+                                     initializer_mode=initializer_mode,
+                                     constant_value=constant_value, sampled_values=sampled_values,
+                                     key=key, placement=place))
+    fresh = fresh.replace(max_load_factor=storage.max_load_factor,
+                          load_policy=storage.load_policy, key_dtype=storage.key_dtype)
+    new, _ = place.map(_rehash_on_shard, None, (storage, fresh))
+    return place.rebuild(table, new)
 
 
-def compact(table: HashTable, **init) -> HashTable:
+def _rehash_on_shard(router, statics, state, replicated):
+    old, new = state
+    return rehash(old, new), ()
+
+
+def compact(table: Any, **init) -> Any:
     """The table rebuilt at its size without tombstones (every live entry's key, counter,
     flags and row kept): probe chains shorten and the slots are free again.
 
@@ -72,12 +94,14 @@ def compact(table: HashTable, **init) -> HashTable:
     >>> int(t.live), int((np.asarray(t.flags) != 0).sum())
     (2, 2)
     """
-    table = check_table("compact", table)
+    placement_of("compact", table)
     return resize(table, table.bucket_size, **init)
 
 
 @jax.jit
-def _rehash(old: HashTable, new: HashTable) -> HashTable:
+def rehash(old: HashTable, new: HashTable) -> HashTable:
+    """``new`` (an empty shard) holding every live entry of ``old`` (one shard), in
+    ascending old-slot order, with their counters, flags, rows and ``last_access``."""
     used = (old.flags & (VALID | EVICTED)) == VALID
     home = home_slot(old.key_lo, old.key_hi, new.bucket_size)
     slot, key_lo, flags = place_new_keys(new.key_lo, new.flags, home, jnp.zeros_like(home), used)

@@ -1,0 +1,236 @@
+"""Load-factor policy: what an insert does when a table passes its ``max_load_factor``.
+
+Linear probing slows down sharply as a table fills (measured at 2^22 slots: 1.7-3.4 M
+inserts/s below 56 % load, 0.34 M/s at 88-94 %, 30 K/s at 97-98 %), so every table carries
+a limit, ``max_load_factor`` (default 0.9, static), and a policy for an insert that would
+pass it — never silent. The limit holds per shard (``max_live = max_load_factor *
+shard_size``; one device is one shard). Eagerly the policy acts **before** the insert, on
+the table as it is (so a donated table is never half-updated): a call whose keys could pass
+the limit first counts its new keys per shard (one routed O(batch) probe), and when some
+shard would pass it the policy runs, through the shared rerun engine
+(:func:`~jaxops.capacity.policy.settle`), which counts again after it acted:
+
+- ``"error"``: the call raises and the table is unchanged.
+- ``"grow"``: every shard is rehashed into one twice the size (until the keys fit the
+  limit; tombstones are dropped) and the call runs there.
+- ``"evict"`` / ``"evict_lfu"``: each shard over its limit turns its ``needed - max_live``
+  live keys of lowest score that the call does not touch into tombstones
+  (:func:`~jaxops.ops.hashtable.scored.evict_lowest_per_shard`, least recently used first /
+  least frequently used first), and the call's new keys reuse their slots.
+
+Inside ``jit`` (shapes are static, nothing can be raised) every policy lets the keys in
+while slots last and reports ``info.over_limit``, as the operators' overflow policies do.
+A policy is a function in :data:`LOAD_POLICIES`; a user's own works on every placement.
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.set_load_policy(ht.init_table(8, 1, initializer_mode="constant"), policy="grow")
+>>> t, _, _ = ht.lookup_or_insert(t, np.arange(10, dtype=np.int64))
+>>> t.bucket_size, int(t.live)
+(16, 10)
+>>> t = ht.set_load_policy(ht.init_table(8, 1, initializer_mode="constant"), max_load_factor=0.5,
+...                        policy="evict")
+>>> for batch in ([1, 2], [3, 4], [1, 5]):   # key 2 is the least recently used at [1, 5]
+...     t, _, _ = ht.lookup_or_insert(t, np.array(batch, np.int64))
+>>> ht.find(t, np.arange(1, 6, dtype=np.int64))[1].tolist()
+[True, False, True, True, True]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.capacity.policy import settle
+from jaxops.core.errors import OpArgumentError
+from jaxops.ops.hashtable.batch import effective_keys, first_occurrences
+from jaxops.ops.hashtable.placement import Placement, placement_of
+from jaxops.ops.hashtable.probe import find_slots
+from jaxops.ops.hashtable.rebuild import resize
+from jaxops.ops.hashtable.route import owner_shard
+from jaxops.ops.hashtable.scored import evict_lowest_per_shard
+from jaxops.ops.hashtable.table import EVICTED, HashTable
+from jaxops.ops.hashtable.words import Words64
+
+__all__ = ["LOAD_POLICIES", "LoadDemand", "count_new_keys", "set_load_policy",
+           "under_load_policy"]
+
+
+class LoadDemand(NamedTuple):
+    """What an insert would leave, shown to a load policy (host numpy).
+
+    Attributes:
+        needed: int ``[num_shards]``: live keys each shard would hold after the call.
+        present: int32: the (global) slots of the call's keys that are live now (-1 padded):
+            a policy must keep them.
+        max_live: the most live keys a shard may hold (``max_load_factor * shard_size``).
+        shard_size: slots per shard (the table's ``bucket_size`` on one device).
+    """
+
+    needed: np.ndarray
+    present: np.ndarray
+    max_live: int
+    shard_size: int
+
+    @property
+    def over(self) -> np.ndarray:
+        """bool ``[num_shards]``: the shards the call would take past their limit."""
+        return np.minimum(self.needed, self.shard_size) > self.max_live
+
+
+def _raise(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+    over = np.flatnonzero(demand.over)
+    s = int(over[0]) if over.size else 0
+    where = f" in shard {s}" if demand.needed.size > 1 else ""
+    factor = placement_of(op, table).storage(table).max_load_factor
+    raise OpArgumentError(
+        op, "table", f"at most {demand.max_live} live keys{' per shard' if where else ''} "
+        f"(max_load_factor {factor:g} of {demand.shard_size} slots)",
+        f"{int(demand.needed[s])}{where} after this call",
+        "Grow the table with resize(), reclaim tombstones with compact(), or "
+        "set_load_policy(table, policy='grow' or 'evict').")
+
+
+def _grow(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+    storage = placement_of(op, table).storage(table)
+    size = 2 * demand.shard_size
+    while int(storage.max_load_factor * size) < int(demand.needed.max()):
+        size *= 2
+    grown = resize(table, size * demand.needed.size)
+    if donate:
+        consume(table, grown)
+    return grown
+
+
+def _evict_by(by: str) -> Callable:
+    def evict_policy(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+        place = placement_of(op, table)
+        live = place.per_shard(place.storage(table).live)
+        kept = np.unique(demand.present[demand.present >= 0]) // demand.shard_size
+        spare = np.bincount(kept, minlength=live.size)
+        counts = np.where(demand.over, demand.needed - demand.max_live, 0)
+        if np.any(counts > live - spare):  # the call itself needs more than the limit
+            _raise(op, table, demand._replace(needed=np.where(counts > live - spare,
+                                                              demand.needed, 0)), donate)
+        return evict_lowest_per_shard(table, counts, demand.present, by, donate=donate)
+
+    evict_policy.__name__ = f"evict_{by}"
+    return evict_policy
+
+
+#: ``policy(op, table, demand, donate) -> table``: called eagerly before an insert that would
+#: take some shard past its limit (:class:`LoadDemand` says which, and which slots the call
+#: keeps). It returns the table to insert into (same placement), or raises; with ``donate``
+#: it may consume ``table``. The insert counts again afterwards and raises if the policy did
+#: not make room.
+LOAD_POLICIES: dict[str, Callable] = {"error": _raise, "grow": _grow,
+                                      "evict": _evict_by("lru"), "evict_lfu": _evict_by("lfu")}
+
+
+def set_load_policy(table: Any, *, max_load_factor: float = 0.9, policy: str = "error") -> Any:
+    """``table`` (any placement) with another load limit and policy (see the module
+    docstring; on a mesh the limit holds per shard).
+
+    Args:
+        table: the table.
+        max_load_factor: in ``(0, 1]``; 1.0 lets a table fill up (inserts that find no slot
+            are then counted in ``info.unplaced`` and ``table.dropped``).
+        policy: a name in :data:`LOAD_POLICIES` (``"error"``, ``"grow"``, ``"evict"``,
+            ``"evict_lfu"``, or one registered there).
+    """
+    op = "set_load_policy"
+    place = placement_of(op, table)
+    if isinstance(max_load_factor, (bool, np.bool_)) or not isinstance(
+            max_load_factor, (int, float, np.integer, np.floating)) \
+            or not 0.0 < float(max_load_factor) <= 1.0:
+        raise OpArgumentError(op, "max_load_factor", "a float in (0, 1]", repr(max_load_factor))
+    if policy not in LOAD_POLICIES:
+        raise OpArgumentError(op, "policy", f"one of {sorted(LOAD_POLICIES)}", repr(policy))
+    storage = place.storage(table).replace(max_load_factor=float(max_load_factor),
+                                           load_policy=policy)
+    return place.rebuild(table, storage)
+
+
+def count_new_keys(table: HashTable, words: Words64, active: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
+    """``(new, present)``: how many distinct active keys are absent or tombstones (the live
+    keys an insert of them adds, slots permitting), and each active key's live slot (-1
+    elsewhere). O(batch)."""
+    slot, _, flags = find_slots(table, words, active)
+    live = active & (slot >= 0) & ((flags & EVICTED) == 0)
+    first = first_occurrences(words, active)
+    lead = active & (first == jnp.arange(first.shape[0], dtype=jnp.int32))
+    return jnp.sum(lead & ~live, dtype=jnp.int32), jnp.where(live, slot, -1)
+
+
+def under_load_policy(op: str, table: Any, words: Words64, run: Callable[[Any], Any], *,
+                      skip: tuple | None = None, donate: bool = False) -> Any:
+    """``run(table)``, an insert of ``words`` (flat), under the table's load policy.
+
+    ``skip``: ``lookup_or_insert``'s ``(filter_key_flag, filter_key, default_key_or_value,
+    default_key)``, whose skipped keys are not inserted (None: every key is). Inside
+    ``jit`` the call runs as it is (its info reports the excess).
+    """
+    place = placement_of(op, table)
+    storage = place.storage(table)
+    if isinstance(storage.live, jax.core.Tracer):
+        return run(table)
+    live = place.per_shard(storage.live)
+    if int(live.max()) + int(words.lo.shape[0]) <= storage.max_live or np.all(
+            live + _keys_per_shard(place, words) <= storage.max_live):
+        return run(table)  # no shard could pass its limit, even if every key were new
+
+    def count(table):
+        storage = place.storage(table)
+        _, present, new = place.call(_count_on_shard, skip, storage, words)[:3]
+        return table, LoadDemand(place.per_shard(storage.live) + np.asarray(new),
+                                 np.asarray(jax.device_get(present)), storage.max_live,
+                                 storage.bucket_size)
+
+    def remedy(table, demand):
+        policy = place.storage(table).load_policy
+        return LOAD_POLICIES[policy](op, table, demand, donate)
+
+    def give_up(demand):
+        _raise(op, table, demand, donate)
+
+    table, _ = settle(count, table, shortfall=lambda r: r[1] if r[1].over.any() else None,
+                      remedy=lambda table, demand: remedy(table, demand), tries=1,
+                      give_up=give_up)
+    return run(table)
+
+
+def _count_on_shard(router, skip, table, words, active, replicated):
+    ex = router.keys(words, active)
+    received, _ = ex.received
+    use = ex.active
+    if skip is not None:
+        received, skipped = effective_keys(received, *skip)
+        use = use & ~skipped
+    new, present = count_new_keys(table, received, use)
+    return None, router.back(ex, router.global_slots(present), -1), router.every(new)
+
+
+def _keys_per_shard(place: Placement, words: Words64) -> np.ndarray:
+    """Keys of the batch each shard owns (host int ``[num_shards]``)."""
+    if place.num_shards == 1:
+        return np.array([words.lo.shape[0]])
+    return np.asarray(_owner_counts(words.lo, words.hi, place.num_shards))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _owner_counts(lo: jax.Array, hi: jax.Array, shards: int) -> jax.Array:
+    return jnp.zeros(shards, jnp.int32).at[owner_shard(lo, hi, shards)].add(1)
+
+
+def consume(table: Any, result: Any = ()) -> None:
+    """Deletes the arrays of ``table`` that are not in ``result`` (a donated input that was
+    not donated to XLA, e.g. the old table of a grow, is consumed all the same)."""
+    keep = {id(x) for x in jax.tree_util.tree_leaves(result)}
+    for leaf in jax.tree_util.tree_leaves(table):
+        if id(leaf) not in keep and isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()

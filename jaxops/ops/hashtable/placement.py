@@ -1,0 +1,224 @@
+"""Placements: where a table lives, as a value every table operation runs through.
+
+A table operation is written once, as a function of one shard (see :mod:`.route`); the
+table's placement runs it. :class:`OneDevice` is the trivial placement: the table is one
+shard and nothing moves. :class:`~.on_mesh.MeshAxis` lays one shard per device along a
+mesh axis, each key owned by one shard, and runs the same function inside ``shard_map``.
+A placement offers two frames:
+
+- :meth:`Placement.map`: ``local(router, statics, state, replicated) -> (state, out)`` on
+  every shard (whole-table operations: export, resize, scored eviction, new states);
+- :meth:`Placement.call`: ``local(router, statics, state, batch, active, replicated) ->
+  (state, per_key, totals)`` on a batch split over the shards (lookups, inserts, updates),
+  returning the per-key answers in the batch's order and a :class:`~.route.RouteInfo`.
+
+``state`` is the table's storage (a :class:`HashTable`; on a mesh every leaf has a leading
+shard axis) and anything laid out like it (optimizer states). ``out`` is laid out like the
+state. ``replicated`` and ``totals`` are the same on every shard. Each frame is jitted once
+per operation and static configuration, and inlines into an enclosing ``jit``.
+
+>>> import numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(8, 2, initializer_mode="constant")
+>>> placement_of("doc", t)
+OneDevice()
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.capacity.policy import KEEP, next_capacity, settle, warn_once
+from jaxops.core.errors import CapacityOverflowError, OpArgumentError
+from jaxops.ops.hashtable.route import LocalRouter, RouteInfo
+from jaxops.ops.hashtable.table import HashTable
+
+__all__ = ["ONE_DEVICE", "OneDevice", "Placement", "ROUTE_POLICIES", "placement_of",
+           "run_routed", "shard_size_of"]
+
+#: What an eager call does when keys did not fit a routing buffer (see :func:`run_routed`).
+ROUTE_POLICIES = ("error", "truncate", "expand")
+
+#: ``local(router, statics, state, replicated) -> (state, out)``
+MapLocal = Callable[..., tuple[Any, Any]]
+#: ``local(router, statics, state, batch, active, replicated) -> (state, per_key, totals)``
+CallLocal = Callable[..., tuple[Any, Any, Any]]
+
+
+class Placement:
+    """Where a table lives (see the module docstring). Subclasses are frozen, hashable
+    values: a placement is part of a table's static structure."""
+
+    #: Whether batches are routed between shards (routing capacities can overflow).
+    routes: bool = False
+
+    @property
+    def num_shards(self) -> int:
+        return 1
+
+    def storage(self, table: Any) -> HashTable:
+        """The table's slots: the table itself, or its shards (leading shard axis)."""
+        raise NotImplementedError
+
+    def rebuild(self, table: Any, storage: HashTable, unrouted: Any = None) -> Any:
+        """The table of this placement holding ``storage`` (``unrouted``: keys a call did
+        not route, added to the table's count)."""
+        raise NotImplementedError
+
+    def map(self, local: MapLocal, statics: Any, state: Any, replicated: Any = None, *,
+            donate: bool = False) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def call(self, local: CallLocal, statics: Any, state: Any, batch: Any,
+             replicated: Any = None, *, capacity: int | None = None, donate: bool = False
+             ) -> tuple[Any, Any, Any, RouteInfo]:
+        raise NotImplementedError
+
+    def build(self, make: Callable, statics: Any, replicated: Any = None) -> Any:
+        """``make(router, statics, replicated) -> state`` on every shard: new storage."""
+        raise NotImplementedError
+
+    def per_shard(self, x: Any) -> np.ndarray:
+        """A per-shard scalar of the storage (``live``, ...) on the host: ``[num_shards]``."""
+        return np.asarray(jax.device_get(x)).reshape(-1)
+
+    def batch_capacity(self, op: str, n: int, capacity: Any) -> int:
+        """The routing capacity for ``n`` keys: ``capacity`` checked (None: the most a
+        device can send to one shard, which nothing overflows)."""
+        return max(1, n)
+
+    def local_shards(self, storage: HashTable) -> dict[int, HashTable]:
+        """``{shard index: one shard's HashTable}`` for the shards this process holds."""
+        return {0: storage}
+
+
+class OneDevice(Placement):
+    """The trivial placement: one table on one device (or replicated by ``jit``)."""
+
+    def __repr__(self) -> str:
+        return "OneDevice()"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, OneDevice)
+
+    def __hash__(self) -> int:
+        return hash(OneDevice)
+
+    def storage(self, table):
+        return table
+
+    def rebuild(self, table, storage, unrouted=None):
+        return storage
+
+    def map(self, local, statics, state, replicated=None, *, donate=False):
+        return _one_map(local, statics, donate)(state, replicated)
+
+    def call(self, local, statics, state, batch, replicated=None, *, capacity=None,
+             donate=False):
+        return _one_call(local, statics, donate)(state, batch, replicated)
+
+    def build(self, make, statics, replicated=None):
+        return _one_build(make, statics)(replicated)
+
+
+ONE_DEVICE = OneDevice()
+
+
+@functools.lru_cache(maxsize=256)
+def _one_map(local, statics, donate):
+    def run(state, replicated):
+        return local(LocalRouter(shard_size_of(state)), statics, state, replicated)
+
+    return jax.jit(run, donate_argnums=(0,) if donate else ())
+
+
+@functools.lru_cache(maxsize=256)
+def _one_call(local, statics, donate):
+    def run(state, batch, replicated):
+        n = int(jax.tree.leaves(batch)[0].shape[0])
+        active = jnp.ones(n, bool)
+        new, per_key, totals = local(LocalRouter(shard_size_of(state)), statics, state, batch,
+                                     active, replicated)
+        return new, per_key, totals, RouteInfo(active, jnp.int32(n), jnp.int32(0),
+                                               jnp.int32(n))
+
+    return jax.jit(run, donate_argnums=(0,) if donate else ())
+
+
+@functools.lru_cache(maxsize=64)
+def _one_build(make, statics):
+    return jax.jit(lambda replicated: make(LocalRouter(), statics, replicated))
+
+
+def shard_size_of(state: Any) -> int:
+    """Slots per shard of the first table in ``state`` (0 when it holds none)."""
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HashTable)):
+        if isinstance(leaf, HashTable):
+            return leaf.bucket_size
+    return 0
+
+
+def placement_of(op: str, table: Any, arg: str = "table") -> Placement:
+    """The placement of ``table`` (a :class:`HashTable`: :data:`ONE_DEVICE`; a sharded
+    table: its own), or an error naming ``op`` and ``arg``."""
+    if isinstance(table, HashTable):
+        return ONE_DEVICE
+    placement = getattr(table, "placement", None)
+    if isinstance(placement, Placement):
+        return placement
+    raise OpArgumentError(op, arg, "a jaxops.hashtable.HashTable or ShardedHashTable (from "
+                          "init_table / init_sharded_table)", type(table).__name__)
+
+
+def run_routed(op: str, placement: Placement, attempt: Callable[[int], Any],
+               route_of: Callable[[Any], RouteInfo], n: int, capacity: Any = None,
+               overflow: str = "expand") -> Any:
+    """``attempt(capacity)`` of a routed call, under the routing overflow policy (the
+    shared rerun engine, :func:`~jaxops.capacity.policy.settle`).
+
+    Eagerly, when keys did not fit their routing buffer: ``"error"`` raises
+    :class:`CapacityOverflowError`; ``"truncate"`` keeps the result (the keys not served
+    got the default) and warns once per call site; ``"expand"`` reruns at the next power
+    of two that holds the largest buffer. Inside ``jit`` the result's ``RouteInfo``
+    reports it. A placement that routes nothing never overflows (and is never synced).
+    """
+    if overflow not in ROUTE_POLICIES:
+        raise OpArgumentError(op, "overflow", f"one of {ROUTE_POLICIES}", repr(overflow))
+    most = placement.batch_capacity(op, n, None)
+    given = placement.batch_capacity(op, n, capacity)
+    if not placement.routes:
+        return attempt(given)
+
+    def shortfall(result):
+        info = route_of(result)
+        return info if int(info.lost) else None
+
+    def remedy(capacity: int, info: RouteInfo):
+        needed, lost = int(info.needed), int(info.lost)
+        if overflow == "error":
+            raise CapacityOverflowError(op, capacity, needed, f"{lost} keys were not routed to "
+                                        "their shard. Pass a larger route_capacity, or "
+                                        "overflow='expand'.", lost=lost)
+        if overflow == "truncate":
+            warn_once(f"{op}: {lost} keys did not fit route_capacity={capacity} (needed "
+                      f"{needed}); they were not served (info.route.served).")
+            return KEEP
+        return next_capacity(needed, most)
+
+    return settle(attempt, given, shortfall=shortfall, remedy=remedy, tries=1)
+
+
+def flat_batch(batch: Any) -> int:
+    """The number of lanes of a batch (the leading size of its first leaf)."""
+    return int(jax.tree.leaves(batch)[0].shape[0])
+
+
+def is_traced(x: Any) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
+
+

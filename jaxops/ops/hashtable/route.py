@@ -1,0 +1,227 @@
+"""Routers: how a batch reaches the shards that own its keys, and the answers come back.
+
+Every table operation is written once, as a function of **one shard**: its local table and a
+:class:`Router`. The router moves what the operation routes (keys, or slots, with a
+payload) to the shards that own them, and the answers back to the lanes they came from;
+it also sums and maximises across shards. On one device nothing moves
+(:class:`LocalRouter`: every call is the identity); along a mesh axis
+(:class:`AxisRouter`, inside ``shard_map``) each device sorts its lanes by owner into
+``num_shards`` buffers of ``capacity`` lanes and one ``all_to_all`` exchanges them.
+
+A key belongs to exactly one shard, its **owner**: MurmurHash3 of the key with seed
+:data:`OWNER_SEED`, modulo the number of shards; the slot inside the owner uses the seed-0
+hash (an independent one), so the keys of one shard spread over all its slots. Slots are
+**global**: ``shard * shard_size + local slot`` (the identity on one device).
+
+Source ``0``'s lanes arrive first, each source's in batch order, so when the global batch is
+split across the devices in order an owner sees its keys in global batch order: the order
+one table sees them in. A lane whose buffer is full is **not served**: it is not sent, its
+answer is the fill value, and the count is reported (:class:`RouteInfo`), never dropped
+silently.
+
+>>> plan = _plan(jnp.array([1, 0, 1, 1], jnp.int32), jnp.array([True] * 4), 2, 2)
+>>> plan.position.tolist(), plan.served.tolist(), int(plan.needed)
+([2, 0, 3, 4], [True, True, True, False], 3)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.ops.hashtable.murmur import murmur3_x86_32
+from jaxops.ops.hashtable.words import Words64
+
+__all__ = ["OWNER_SEED", "AxisRouter", "Exchange", "LocalRouter", "RouteInfo", "Router",
+           "owner_shard"]
+
+#: Seed of the hash that picks a key's owner shard (slots use seed 0: independent bits).
+OWNER_SEED = np.uint32(0x9E3779B9)
+
+
+def owner_shard(lo: jax.Array, hi: jax.Array, num_shards: int) -> jax.Array:
+    """The shard that owns each key (int32): ``murmur3(key, OWNER_SEED) % num_shards``."""
+    return (murmur3_x86_32(lo, hi, OWNER_SEED) % np.uint32(num_shards)).astype(jnp.int32)
+
+
+class RouteInfo(NamedTuple):
+    """What the exchange of one call did (a pytree of arrays; counts are global).
+
+    Attributes:
+        served: bool, keys' shape: False where the key did not fit its routing buffer (its
+            answer is the default; nothing was done for it). All True on one device.
+        needed: int32: the routing capacity this call needed (the largest buffer).
+        lost: int32: keys not served (``served`` False), over all devices.
+        capacity: int32: the routing capacity used (lanes per destination buffer).
+    """
+
+    served: jax.Array
+    needed: jax.Array
+    lost: jax.Array
+    capacity: jax.Array
+
+
+class Exchange(NamedTuple):
+    """What one shard received, and how its answers go back.
+
+    Attributes:
+        received: the routed payload (a tree of arrays, one entry per lane).
+        active: bool, one per lane: the lanes holding something (the rest are padding).
+        plan: where each of this device's lanes went (None: nothing moved).
+    """
+
+    received: Any
+    active: jax.Array
+    plan: Any = None
+
+
+class Router:
+    """One shard's view of an operation (see the module docstring). ``num_shards`` and
+    ``shard_size`` are static; :meth:`index` is this shard's (traced) number."""
+
+    num_shards: int = 1
+    shard_size: int = 0
+    #: ``(served, needed, lost)`` of the call's exchange (one per operation), or None
+    report: tuple | None = None
+
+    def keys(self, words: Words64, active: jax.Array, extra: Any = ()) -> Exchange:
+        """Sends each key (and its ``extra`` payload) to its owner shard."""
+        raise NotImplementedError
+
+    def slots(self, slots: jax.Array, active: jax.Array, extra: Any = ()) -> Exchange:
+        """Sends each global slot (and ``extra``) to its shard as a local slot; -1 (absent)
+        stays -1 (it lands on shard 0, which counts it like any absent entry)."""
+        raise NotImplementedError
+
+    def back(self, exchange: Exchange, answer: Any, fill: Any = 0) -> Any:
+        """Answers (one per received lane) back to the lanes they came from; ``fill`` where
+        a lane was not served."""
+        raise NotImplementedError
+
+    def index(self) -> jax.Array:
+        return jnp.int32(0)
+
+    def global_slots(self, slots: jax.Array) -> jax.Array:
+        """Local slots (-1: none) as global slots."""
+        return slots
+
+    def total(self, x: Any) -> Any:
+        """Sums over the shards (every shard gets the total)."""
+        return x
+
+    def most(self, x: Any) -> Any:
+        """Maximum over the shards."""
+        return x
+
+    def before(self, x: jax.Array) -> jax.Array:
+        """Sum of ``x`` over the shards before this one (the order of ties across shards)."""
+        return jnp.zeros_like(x)
+
+    def every(self, x: jax.Array) -> jax.Array:
+        """``[num_shards]``: each shard's ``x`` (a scalar), on every shard."""
+        return jnp.reshape(x, (1,))
+
+
+class LocalRouter(Router):
+    """One device: the whole table is the shard, nothing moves."""
+
+    def __init__(self, shard_size: int = 0):
+        self.shard_size = shard_size
+
+    def keys(self, words, active, extra=()):
+        return Exchange((words, extra), active)
+
+    def slots(self, slots, active, extra=()):
+        return Exchange((jnp.where(active, slots, -1), extra), active)
+
+    def back(self, exchange, answer, fill=0):
+        return answer
+
+
+class _Plan(NamedTuple):
+    position: jax.Array  # int32 [n]: lane in the send buffer (num_shards * capacity = none)
+    served: jax.Array  # bool [n]
+    needed: jax.Array  # int32: the fullest buffer (this device)
+
+
+def _plan(owner: jax.Array, active: jax.Array, num_shards: int, capacity: int) -> _Plan:
+    """Lane of each key in the send buffer: buffer ``owner``, in batch order (O(n log n))."""
+    n = owner.shape[0]
+    dest = jnp.where(active, owner, num_shards)  # inactive keys sort last, go nowhere
+    order = jnp.argsort(dest, stable=True)
+    counts = jnp.zeros(num_shards + 1, jnp.int32).at[dest].add(1)
+    starts = jnp.cumsum(counts) - counts
+    sorted_dest = dest[order]
+    rank = jnp.zeros(n, jnp.int32).at[order].set(
+        jnp.arange(n, dtype=jnp.int32) - starts[sorted_dest], unique_indices=True)
+    served = active & (rank < capacity)
+    position = jnp.where(served, dest * capacity + rank, num_shards * capacity)
+    return _Plan(position, served, jnp.max(counts[:num_shards]))
+
+
+class AxisRouter(Router):
+    """One shard of a table laid along the mesh axis ``axis`` (inside ``shard_map``), with
+    routing buffers of ``capacity`` lanes per destination."""
+
+    def __init__(self, axis: str, num_shards: int, shard_size: int, capacity: int):
+        self.axis, self.num_shards, self.shard_size = axis, num_shards, shard_size
+        self.capacity = capacity
+
+    def _send(self, payload: Any, owner: jax.Array, active: jax.Array) -> Exchange:
+        plan = _plan(owner, active, self.num_shards, self.capacity)
+        lanes = self.num_shards * self.capacity
+
+        def pack(x):
+            buf = jnp.zeros((lanes,) + x.shape[1:], x.dtype)
+            return _exchange(buf.at[plan.position].set(x, mode="drop", unique_indices=True),
+                             self.axis)
+
+        lost = jnp.sum(active & ~plan.served, dtype=jnp.int32)
+        self.report = (plan.served, self.most(plan.needed), self.total(lost))
+        return Exchange(jax.tree.map(pack, payload), pack(jnp.ones(owner.shape[0], bool)), plan)
+
+    def keys(self, words, active, extra=()):
+        return self._send((words, extra), owner_shard(words.lo, words.hi, self.num_shards),
+                          active)
+
+    def slots(self, slots, active, extra=()):
+        owner = jnp.where(slots >= 0, slots // self.shard_size, 0)
+        local = jnp.where(slots >= 0, slots % self.shard_size, -1)
+        return self._send((local, extra), owner, active)
+
+    def back(self, exchange, answer, fill=0):
+        def back(x):
+            home = _exchange(x, self.axis)
+            return jnp.take(home, exchange.plan.position, axis=0, mode="fill", fill_value=fill)
+
+        return jax.tree.map(back, answer)
+
+    def index(self):
+        return jax.lax.axis_index(self.axis).astype(jnp.int32)
+
+    def global_slots(self, slots):
+        return jnp.where(slots >= 0, self.index() * np.int32(self.shard_size) + slots, -1)
+
+    def total(self, x):
+        return jax.lax.psum(x, self.axis)
+
+    def most(self, x):
+        return jax.lax.pmax(x, self.axis)
+
+    def before(self, x):
+        every = jax.lax.all_gather(x, self.axis)
+        return jnp.sum(jnp.where(jnp.arange(self.num_shards) < self.index(), every, 0),
+                       dtype=x.dtype)
+
+    def every(self, x):
+        return jax.lax.psum(jnp.zeros(self.num_shards, x.dtype).at[self.index()].set(x),
+                            self.axis)
+
+
+def _exchange(x: jax.Array, axis: str) -> jax.Array:
+    """Block ``d`` of ``x`` (split along axis 0) goes to device ``d``; received blocks are
+    stacked by source. Its own transpose, so gradients flow back the same way."""
+    return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
