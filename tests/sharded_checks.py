@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxops.hashtable as ht  # noqa: E402
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
-from jaxops.hashtable.cann import EVICTED, FILTER, VALID
+from jaxops.embedding import Bags, EmbeddingCollection, TableConfig  # noqa: E402
+from jaxops.hashtable.cann import EVICTED, FILTER, VALID  # noqa: E402
 from jaxops.hashtable.words import to_host_int64  # noqa: E402
 
 DIM = 4
@@ -409,6 +410,132 @@ def single_table_inside_shard_map_with_check_vma():
     assert_equal(rows[:BATCH], rows1, "rows inside shard_map")
     assert_equal(inserted, np.full(8, int(info1.inserted)), "inserted per device")
     assert int(info1.inserted) == 37 and int(info1.not_admitted) > 0
+
+
+@check
+def export_chunks_and_resize_at_2_18_slots():
+    # 32768 slots a shard: export's compaction loops there (it once failed inside shard_map).
+    import jaxops
+
+    keys = (np.arange(BATCH, dtype=np.int64) - 5) * 7919
+    t = ht.init_sharded_table(1 << 18, DIM, mesh_of(8), "shard", initializer_mode="constant")
+    t, _, _ = ht.lookup_or_insert(t, keys, **COUNTER)
+    want = entries(t, live_only=True)
+    marked, k, c, f, v = ht.export(t, export_mode="all")
+    got = ht.host_keys(t, jaxops.refresh(k))
+    assert sorted(got.tolist()) == sorted(keys.tolist()) and int(marked.not_exported) == 0
+    _, chunks = ht.export_chunks(t, 1 << 14)
+    chunks = list(chunks)
+    assert sorted(x for ch in chunks for x in ch.keys.tolist()) == sorted(keys.tolist())
+    big = ht.resize(t, 1 << 19)
+    assert big.shard_size == 1 << 16
+    same(want, entries(big, live_only=True), "resize 2^18 -> 2^19")
+
+
+@check
+def dropped_counts_inside_jit_on_both_placements():
+    # Shards of 8 slots that may fill (max_load_factor 1.0): keys that find no slot are
+    # counted in info.unplaced and in table.dropped, which a jitted function can read.
+    t = ht.set_load_policy(ht.init_sharded_table(64, DIM, mesh_of(8), "shard",
+                                                 initializer_mode="constant"),
+                           max_load_factor=1.0)
+    one = ht.set_load_policy(ht.init_table(8, DIM, initializer_mode="constant"),
+                             max_load_factor=1.0)
+    lost = lost_one = 0
+    for i in range(3):
+        batch = np.arange(BATCH, dtype=np.int64) + 1000 * i
+        t, _, info = ht.lookup_or_insert(t, batch, **COUNTER)
+        one, _, info_one = ht.lookup_or_insert(one, batch, **COUNTER)
+        lost, lost_one = lost + int(info.unplaced), lost_one + int(info_one.unplaced)
+    assert lost > 0 and lost_one > 0
+    read = jax.jit(lambda table: table.dropped)
+    assert int(read(t)) == lost == int(t.dropped), (int(read(t)), lost)
+    assert int(read(one)) == lost_one == int(one.dropped)
+
+
+def _grow_fourfold(op, table, demand, donate):
+    """A user's load policy: every shard four times as large."""
+    return ht.resize(table, 4 * demand.shard_size * demand.needed.size)
+
+
+def _do_nothing(op, table, demand, donate):
+    return table
+
+
+@check
+def a_users_load_policy_acts_on_every_shard():
+    ht.LOAD_POLICIES["grow_fourfold"] = _grow_fourfold
+    ht.LOAD_POLICIES["do_nothing"] = _do_nothing
+    try:
+        keys, _ = skewed_keys()  # 40 of the 64 keys go to shard 3, which holds 28
+        small = ht.init_sharded_table(8 * 32, DIM, mesh_of(8), "shard",
+                                      initializer_mode="constant")
+        grown, _, info = ht.lookup_or_insert(ht.set_load_policy(small, policy="grow_fourfold"),
+                                             keys, **COUNTER)
+        assert grown.shard_size == 128 and grown.shards.load_policy == "grow_fourfold"
+        assert int(info.unplaced) == 0 and int(grown.live) == BATCH
+        single = ht.init_table(8 * 64 * 4, DIM, initializer_mode="constant")
+        single, _, _ = ht.lookup_or_insert(single, keys, **COUNTER)
+        same(entries(single), entries(grown), "user policy vs one table")
+        try:  # a policy that makes no room: the insert refuses, naming the shard
+            ht.lookup_or_insert(ht.set_load_policy(small, policy="do_nothing"), keys, **COUNTER)
+            raise AssertionError("a policy that made no room let the insert pass the limit")
+        except OpArgumentError as e:
+            assert "shard 3" in str(e), e
+    finally:
+        del ht.LOAD_POLICIES["grow_fourfold"], ht.LOAD_POLICIES["do_nothing"]
+
+
+def _collection(placement):
+    return EmbeddingCollection([
+        TableConfig("ids", 8 * 64, DIM, ("user", "item"), ht.optim.adagrad(0.1), 0.25,
+                    placement=placement),
+        TableConfig("tags", 8 * 32, DIM, ("tags",), ht.optim.sgd(0.5), 0.5, pooling="sum",
+                    placement=placement)])
+
+
+@check
+def a_collection_on_a_mesh_trains_as_on_one_device():
+    # Constant initializers: a jitted train step gives the same losses and tables bit for
+    # bit on 8 shards as on one device, and the read-only eval path the same pooled rows.
+    rng = np.random.default_rng(5)
+
+    def train_step(coll):
+        @jax.jit
+        def step(state, batch):
+            state, looked = coll.lookup(state, batch)
+
+            def loss(rows):
+                return sum(jnp.sum(p * jnp.arange(1.0, DIM + 1)) ** 2
+                           for p in coll.pool(looked, rows).values())
+
+            value, grads = jax.value_and_grad(loss)(looked.rows)
+            return coll.apply_gradients(state, looked, grads), value
+        return step
+
+    def batch():
+        def bags():  # 16 bags of 0-3 ids each, out of 48 ids (one shape: one program)
+            return Bags.from_lengths(rng.integers(0, 40, 48).astype(np.int64),
+                                     rng.integers(0, 4, 16).astype(np.int32))
+        return {"user": bags(), "item": bags(), "tags": bags()}
+
+    colls = {p: _collection(p) for p in (None, ht.MeshAxis(mesh_of(8), "shard"))}
+    states = {p: c.init(jax.random.key(0)) for p, c in colls.items()}
+    steps = {p: train_step(c) for p, c in colls.items()}
+    for i in range(3):
+        b = batch()
+        losses = {}
+        for p in colls:
+            states[p], losses[p] = steps[p](states[p], b)
+        assert_equal(*losses.values(), f"loss of step {i}")
+    for name in ("ids", "tags"):
+        one, sharded = (states[p][name].table for p in colls)
+        same(entries(one, live_only=True), entries(sharded, live_only=True), f"table {name}")
+    evals = [jax.jit(lambda s, c=c: c.pool(c.lookup(s, b, insert=False)[1]))(states[p])
+             for p, c in colls.items()]
+    for name in evals[0]:  # the same rows; XLA may sum a bag in another order (an ulp)
+        np.testing.assert_allclose(evals[0][name], evals[1][name], rtol=2e-7, atol=0,
+                                   err_msg=f"eval of {name}")
 
 
 @check

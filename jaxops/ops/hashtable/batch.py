@@ -37,7 +37,7 @@ class KeyBatch(NamedTuple):
 
 def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys",
               key_dtype: str | None = None) -> KeyBatch:
-    """Keys in any accepted form (see :func:`~jaxops.ops.hashtable.table.as_words`), flat."""
+    """Keys in any accepted form (see :func:`~jaxops.ops.hashtable.words.as_words`), flat."""
     words = as_words(keys, op, arg, key_dtype)
     shape = words.shape
     words = Words64(words.lo.reshape(-1), words.hi.reshape(-1))

@@ -51,9 +51,9 @@ class AdamWState(NamedTuple):
         m, v: float32 ``[bucket_size, dim]`` first and second moments, per slot.
         max_v: float32 ``[bucket_size, dim]`` running max of ``v`` (amsgrad), else ``[0, dim]``.
         beta1_power, beta2_power: float32 scalars, ``beta ** steps``.
-        owner: :class:`~jaxops.ops.hashtable.table.Words64` ``[bucket_size]``: the key each
+        owner: :class:`~jaxops.ops.hashtable.words.Words64` ``[bucket_size]``: the key each
             slot's moments belong to (8 bytes a slot; not in CANN, see below).
-        skipped: :class:`~jaxops.ops.hashtable.table.Counter64` (uint64): keys skipped so
+        skipped: :class:`~jaxops.ops.hashtable.words.Counter64` (uint64): keys skipped so
             far (absent or evicted keys); ``int(state.skipped)`` reads it.
     """
 

@@ -61,7 +61,7 @@ def import_(table: Any, keys: Any, counters: Any, filter_flags: Any, values: Any
     new to the table (or a revived tombstone) adds 1 to the live count; an existing key not
     yet exported lowers the not-exported count. Duplicate keys: the last entry wins; new
     keys take slots in order of first occurrence (an empty slot or another key's tombstone,
-    as in :func:`~jaxops.ops.hashtable.lookup.lookup_or_insert`). Each written slot's
+    as in :func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`). Each written slot's
     ``last_access`` becomes the table's ``clock`` (not advanced: an import is not a step).
 
     Args:

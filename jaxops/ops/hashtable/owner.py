@@ -2,8 +2,8 @@
 another key's optimizer state.
 
 Optimizer state lies beside the table, one row per slot. A slot changes hands when a new
-key takes another key's tombstone (:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert`,
-:func:`~jaxops.ops.hashtable.import_.import_`; after ``evict``, ``evict_lowest`` or
+key takes another key's tombstone (:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`,
+:func:`~jaxops.ops.hashtable.importing.import_`; after ``evict``, ``evict_lowest`` or
 ``evict_if``) and when ``compact`` moves keys. So every optimizer state with per-slot rows
 records, per slot, the key words of the slot's key when its row was last written: 8 bytes
 a slot, whatever the row's width. An update reads the owner of each touched slot with the

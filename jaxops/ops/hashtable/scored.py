@@ -3,7 +3,7 @@
 Every live entry has two scores: its access counter (LFU: least frequently used first) and
 its age, ``table.clock - last_access`` modulo 2**32, the steps since a lookup last touched
 it (LRU: least recently used first; see
-:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` for the clock).
+:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert` for the clock).
 
 - :func:`evict_lowest` evicts the ``n`` (or a ``fraction`` of the) live entries of lowest
   score. Ties are broken deterministically: ``by="lru"`` orders by (age, descending;
@@ -68,7 +68,7 @@ class SlotScores(NamedTuple):
     """What an :func:`evict_if` predicate sees: one entry per slot (``[bucket_size]``).
 
     Attributes:
-        key: the keys (:class:`~jaxops.ops.hashtable.table.Words64`).
+        key: the keys (:class:`~jaxops.ops.hashtable.words.Words64`).
         counter: the access counters (Words64; ``join_words(counter, signed=False)`` is
             uint64 with x64 on).
         last_access: uint32, the clock of the last lookup that touched the slot.

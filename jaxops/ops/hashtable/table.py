@@ -27,7 +27,7 @@ Flag bits (the byte CANN keeps at offset 23 of a bucket):
 
 Beyond CANN, every slot also has a score for eviction: the access counter (LFU) and
 ``last_access`` (LRU), the table's ``clock`` when a lookup last touched the slot (see
-:func:`~jaxops.ops.hashtable.lookup.lookup_or_insert` and :mod:`~jaxops.ops.hashtable.scored`).
+:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert` and :mod:`~jaxops.ops.hashtable.scored`).
 
 >>> import jax.numpy as jnp
 >>> t = HashTable.empty(4, 2, jnp.zeros((4, 2)))
@@ -99,7 +99,7 @@ class HashTable:
     not_exported: jax.Array
     dropped: Counter64
     clock: jax.Array
-    # Static (part of the pytree's structure): see jaxops.ops.hashtable.load. Not in CANN.
+    # Static (part of the pytree's structure): see jaxops.ops.hashtable.load_policy. Not in CANN.
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
     key_dtype: str = dataclasses.field(default="int64", metadata={"static": True})

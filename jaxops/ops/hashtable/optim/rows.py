@@ -103,7 +103,7 @@ def sum_by_slot(slots: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Arra
 
 
 def add_skipped(skipped: Any, amount: jax.Array) -> Any:
-    """``skipped + amount``: a 64-bit count (:class:`~jaxops.ops.hashtable.table.Counter64`,
+    """``skipped + amount``: a 64-bit count (:class:`~jaxops.ops.hashtable.words.Counter64`,
     the built-in optimizers') carries into its high word; any other count (a custom
     optimizer's state) is added in its own dtype.
 

@@ -53,7 +53,7 @@ Scalar = Any  # a float, a scalar array, or (learning rates) a schedule ``step -
 
 
 class SgdState(NamedTuple):
-    """``skipped``: :class:`~jaxops.ops.hashtable.table.Counter64` (uint64), batch entries
+    """``skipped``: :class:`~jaxops.ops.hashtable.words.Counter64` (uint64), batch entries
     with slot -1 so far; ``int(state.skipped)`` reads it."""
 
     skipped: Counter64

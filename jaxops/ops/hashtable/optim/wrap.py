@@ -50,7 +50,7 @@ __all__ = ["OptaxRowState", "from_optax"]
 class OptaxRowState(NamedTuple):
     """``inner``: the wrapped transform's state; ``owner``: the key each slot's state rows
     belong to (see :mod:`~jaxops.ops.hashtable.owner`); ``skipped``: batch entries with
-    slot -1 (a uint64 :class:`~jaxops.ops.hashtable.table.Counter64`)."""
+    slot -1 (a uint64 :class:`~jaxops.ops.hashtable.words.Counter64`)."""
 
     inner: Any
     owner: Words64

@@ -1,0 +1,108 @@
+"""Placements: every table operation runs through the table's placement, one code path.
+
+The 8-device checks are in tests/sharded_checks.py; here a one-device mesh (a MeshAxis that
+routes through shard_map and all_to_all like any other) and the trivial placement.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import jaxops.hashtable as ht
+from jaxops.capacity.policy import KEEP, settle
+from jaxops.core.errors import OpArgumentError
+
+DIM = 2
+
+
+def _mesh():
+    return ht.MeshAxis(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)), "d")
+
+
+@pytest.fixture(params=["one_device", "mesh_axis"])
+def placement(request):
+    return None if request.param == "one_device" else _mesh()
+
+
+def test_placement_of_a_table_is_a_value(placement):
+    t = ht.init_table(16, DIM, initializer_mode="constant", placement=placement)
+    assert type(t) is (ht.HashTable if placement is None else ht.ShardedHashTable)
+    assert (t.placement if placement else ht.ONE_DEVICE) == (placement or ht.OneDevice())
+    assert hash(_mesh()) == hash(_mesh()) and _mesh() == _mesh()
+
+
+def test_bad_placements_and_tables_are_refused_by_name():
+    with pytest.raises(OpArgumentError, match=r"InitEmbeddingHashTable: argument 'placement'"):
+        ht.init_table(8, DIM, initializer_mode="constant", placement="mesh")
+    with pytest.raises(OpArgumentError, match=r"MeshAxis: argument 'axis'.*one of the mesh's"):
+        ht.MeshAxis(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)), "x")
+    with pytest.raises(OpArgumentError, match=r"MeshAxis: argument 'mesh'"):
+        ht.MeshAxis("mesh", "d")
+    with pytest.raises(OpArgumentError, match=r"find: argument 'table'.*got dict"):
+        ht.find({}, np.array([1], np.int64))
+
+
+def test_dropped_is_read_inside_jit_on_both_placements(placement):
+    t = ht.set_load_policy(ht.init_table(4, DIM, initializer_mode="constant",
+                                         placement=placement), max_load_factor=1.0)
+    t, _, info = ht.lookup_or_insert(t, np.arange(7, dtype=np.int64))
+    assert int(info.unplaced) == 3
+    dropped = jax.jit(lambda table: table.dropped)(t)
+    assert isinstance(dropped, ht.words.Counter64) and int(dropped) == 3 == int(t.dropped)
+
+
+def _quadruple(op, table, demand, donate):
+    """A user's policy: every shard four times as large."""
+    assert isinstance(demand, ht.LoadDemand) and demand.over.any()
+    return ht.resize(table, 4 * demand.shard_size * demand.needed.size)
+
+
+def test_a_users_load_policy_works_on_every_placement(placement, monkeypatch):
+    monkeypatch.setitem(ht.LOAD_POLICIES, "quadruple", _quadruple)
+    t = ht.set_load_policy(ht.init_table(8, DIM, initializer_mode="constant",
+                                         placement=placement), policy="quadruple")
+    t, _, info = ht.lookup_or_insert(t, np.arange(20, dtype=np.int64))
+    assert t.bucket_size == 32 and int(t.live) == 20 and int(info.unplaced) == 0
+    assert bool(np.all(np.asarray(ht.find(t, np.arange(20, dtype=np.int64))[1])))
+
+
+def test_a_policy_that_makes_no_room_is_refused(placement, monkeypatch):
+    monkeypatch.setitem(ht.LOAD_POLICIES, "nothing", lambda op, table, demand, donate: table)
+    t = ht.set_load_policy(ht.init_table(8, DIM, initializer_mode="constant",
+                                         placement=placement), policy="nothing")
+    with pytest.raises(OpArgumentError, match=r"at most 7 live keys"):
+        ht.lookup_or_insert(t, np.arange(20, dtype=np.int64))
+    assert int(t.live) == 0
+
+
+def test_the_rerun_engine_remedies_keeps_or_gives_up():
+    short = lambda r: r if r < 5 else None  # noqa: E731
+    assert settle(lambda s: s, 1, shortfall=short, remedy=lambda s, r: s * 4) == 16
+    assert settle(lambda s: s, 1, shortfall=short, remedy=lambda s, r: KEEP) == 1
+    with pytest.raises(ValueError, match="gave up at 2"):
+        settle(lambda s: s, 1, shortfall=short, remedy=lambda s, r: s + 1, tries=1,
+               give_up=lambda r: (_ for _ in ()).throw(ValueError(f"gave up at {r}")))
+
+
+def test_a_row_optimizer_state_of_another_placement_is_refused():
+    opt = ht.optim.adagrad(0.1)
+    one = ht.init_table(16, DIM, initializer_mode="constant")
+    sharded = ht.init_table(16, DIM, initializer_mode="constant", placement=_mesh())
+    with pytest.raises(OpArgumentError, match=r"adagrad: argument 'state'.*another placement"):
+        opt.update(sharded, opt.init(one), np.array([0]), np.ones((1, DIM), np.float32))
+
+
+def test_a_collection_holds_a_table_on_a_mesh():
+    from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
+
+    bags = {"a": Bags.from_lengths(np.array([4, 5, 4]), np.array([2, 1]))}
+    pooled = []
+    for placement in (None, _mesh()):
+        coll = EmbeddingCollection([TableConfig("t", 16, DIM, ("a",), ht.optim.sgd(0.1), 1.0,
+                                                placement=placement)])
+        state, looked = coll.lookup(coll.init(jax.random.key(0)), bags)
+        assert type(state["t"].table) is (ht.HashTable if placement is None
+                                          else ht.ShardedHashTable)
+        pooled.append(np.asarray(coll.pool(looked)["a"]))
+    np.testing.assert_array_equal(pooled[0], pooled[1])
+    np.testing.assert_array_equal(pooled[0], [[2.0, 2.0], [1.0, 1.0]])
