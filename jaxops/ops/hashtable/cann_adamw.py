@@ -200,7 +200,7 @@ def _adam_w_kernel(table: HashTable, state: AdamWState, words: Words64, grads, l
                        weight_decay, beta1, beta2, epsilon, amsgrad=amsgrad, maximize=maximize)
 
 
-@functools.partial(jax.jit, static_argnames=("amsgrad", "maximize"))
+@functools.partial(jax.jit, inline=True, static_argnames=("amsgrad", "maximize"))
 def adam_w_step(table: HashTable, state: AdamWState, slots: jax.Array, grads, lr, weight_decay,
                 beta1, beta2, epsilon, *, amsgrad, maximize) -> tuple[HashTable, AdamWState]:
     """One shard's AdamW step on the rows at ``slots`` (-1 and slots not holding a live key

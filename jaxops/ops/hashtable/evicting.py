@@ -92,7 +92,7 @@ def _evict_kernel(table: HashTable, words: Words64, sampled_values, **attrs):
     return evict_keys(table, flat, sampled_values, None, **attrs)
 
 
-@functools.partial(jax.jit, static_argnames=("init_mode", "const_val"))
+@functools.partial(jax.jit, inline=True, static_argnames=("init_mode", "const_val"))
 def evict_keys(table: HashTable, words: Words64, sampled_values, active=None, *, init_mode,
                const_val) -> tuple[HashTable]:
     """One shard's ``evict`` (``active``: False on padding lanes)."""

@@ -11,6 +11,7 @@ every entry goes to its owner shard.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -122,7 +123,7 @@ def _import_kernel(table: HashTable, words: Words64, counters: Words64, filter_f
     return import_entries(table, flat(words), flat(counters), filter_flags, values, None)
 
 
-@jax.jit
+@functools.partial(jax.jit, inline=True)
 def import_entries(table: HashTable, words: Words64, counters: Words64, filter_flags, values,
                    active=None) -> tuple[HashTable, ImportInfo]:
     """One shard's ``import_`` (``active``: False on padding lanes)."""

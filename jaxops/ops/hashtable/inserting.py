@@ -206,7 +206,7 @@ def _lookup_or_insert_kernel(table, words, **attrs):
     return insert_keys(table, flat, None, **attrs)
 
 
-@functools.partial(jax.jit, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
+@functools.partial(jax.jit, inline=True, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
                                              "default_key", "default_value", "filter_key_flag",
                                              "filter_key"))
 def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, filter_freq,

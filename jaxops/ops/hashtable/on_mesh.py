@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.placement import Placement, shard_size_of
+from jaxops.ops.hashtable.placement import Forwarding, Placement, shard_size_of
 from jaxops.ops.hashtable.route import AxisRouter, RouteInfo
 from jaxops.ops.hashtable.table import HashTable
 from jaxops.ops.hashtable.words import Counter64, sum_counters
@@ -168,9 +168,33 @@ def expand(tree: Any) -> Any:
     return jax.tree.map(lambda x: jnp.expand_dims(x, 0), tree)
 
 
+def _forwarded(local: Any, donate: bool) -> tuple[Any, Forwarding | None]:
+    """``local`` with its new state split by a :class:`Forwarding` (inside ``shard_map``,
+    against the shard's view of the state): unchanged leaves leave no copy."""
+    if donate:
+        return local, None
+    fwd = Forwarding()
+
+    def split(router, statics, state, *rest):
+        new, *outs = local(router, statics, state, *rest)
+        return fwd.split(jax.tree.leaves(state), new), *outs
+
+    return split, fwd
+
+
+def _forwarding_call(fwd: Forwarding | None, jitted: Any, state: Any, *rest: Any) -> tuple:
+    """``jitted(state, *rest)`` with its new state joined (:class:`Forwarding`)."""
+    if fwd is None:
+        return jitted(state, *rest)
+    with fwd.tracing((state, rest)) as key:
+        new, *outs = jitted(state, *rest)
+    return fwd.join(key, jax.tree.leaves(state), new), *outs
+
+
 @functools.lru_cache(maxsize=256)
 def _mesh_map(local, statics, mesh, axis, shard_size, donate):
     shards = int(mesh.shape[axis])
+    local, fwd = _forwarded(local, donate)
 
     def body(state, replicated):
         router = AxisRouter(axis, shards, shard_size, 0)
@@ -178,14 +202,17 @@ def _mesh_map(local, statics, mesh, axis, shard_size, donate):
         return expand(new), expand(out)
 
     spec = P(axis)
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=(spec, spec))
-    return jax.jit(mapped, donate_argnums=(0,) if donate else ())
+    mapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=(spec, spec)),
+                     donate_argnums=(0,) if donate else ())
+
+    return functools.partial(_forwarding_call, fwd, mapped)
 
 
 @functools.lru_cache(maxsize=256)
 def _mesh_call(local, statics, mesh, axis, shard_size, n, per_device, capacity, donate):
     shards = int(mesh.shape[axis])
     padded = per_device * shards
+    local, fwd = _forwarded(local, donate)
 
     def body(state, batch, active, replicated):
         router = AxisRouter(axis, shards, shard_size, capacity)
@@ -198,7 +225,7 @@ def _mesh_call(local, statics, mesh, axis, shard_size, n, per_device, capacity, 
     mapped = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, P()),
                            out_specs=(spec, spec, P(), (spec, P(), P())))
 
-    def call(state, batch, replicated):
+    def run(state, batch, replicated):
         pad = lambda x: jnp.pad(x, [(0, padded - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         active = jnp.arange(padded) < n
         new, per_key, totals, (served, needed, lost) = mapped(
@@ -206,7 +233,8 @@ def _mesh_call(local, statics, mesh, axis, shard_size, n, per_device, capacity, 
         cut = lambda x: x[:n]  # noqa: E731
         return new, jax.tree.map(cut, per_key), totals, (cut(served), needed, lost)
 
-    return jax.jit(call, donate_argnums=(0,) if donate else ())
+    return functools.partial(_forwarding_call, fwd, jax.jit(run, donate_argnums=(0,) if donate
+                                                            else ()))
 
 
 @functools.lru_cache(maxsize=64)

@@ -25,7 +25,9 @@ OneDevice()
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +40,8 @@ from jaxops.core.errors import CapacityOverflowError, OpArgumentError
 from jaxops.ops.hashtable.route import LocalRouter, RouteInfo
 from jaxops.ops.hashtable.table import HashTable
 
-__all__ = ["ONE_DEVICE", "OneDevice", "Placement", "ROUTE_POLICIES", "placement_of",
-           "run_routed", "shard_size_of"]
+__all__ = ["Forwarding", "ONE_DEVICE", "OneDevice", "Placement", "ROUTE_POLICIES",
+           "forwarding_jit", "placement_of", "run_routed", "shard_size_of"]
 
 #: What an eager call does when keys did not fit a routing buffer (see :func:`run_routed`).
 ROUTE_POLICIES = ("error", "truncate", "expand")
@@ -129,12 +131,85 @@ class OneDevice(Placement):
 ONE_DEVICE = OneDevice()
 
 
+class Forwarding:
+    """Keeps a frame from copying the state leaves an operation leaves unchanged.
+
+    ``jax.jit`` copies an output that is one of its inputs, so an operation that changes a
+    table's flags would copy its rows too (a second table in memory). A frame's traced
+    function hands its new state to :meth:`split`, which drops the leaves that are input
+    leaves (found by identity at trace time) and remembers where they came from; the caller
+    gives the jitted result to :meth:`join`, which puts the input arrays back. The plan is
+    kept per input signature (shapes and dtypes: an empty batch may forward more), set
+    while the jitted call traces (:meth:`tracing`). With donation XLA aliases the buffers
+    instead, so a donated frame keeps every leaf. The result shares those buffers with the
+    input, as ``table.replace(...)`` does.
+
+    >>> import jax, jax.numpy as jnp
+    >>> fwd = Forwarding()
+    >>> f = jax.jit(lambda s: fwd.split(list(s), {"a": s[0], "b": s[1] + 1}))
+    >>> a, b = jnp.ones(3), jnp.zeros(3)
+    >>> with fwd.tracing((a, b)) as key:
+    ...     kept = f((a, b))
+    >>> out = fwd.join(key, [a, b], kept)
+    >>> out["a"] is a, out["b"].tolist()
+    (True, [1.0, 1.0, 1.0])
+    """
+
+    def __init__(self):
+        self._plans: dict = {}
+        self._current = threading.local()
+
+    @contextlib.contextmanager
+    def tracing(self, args: Any):
+        """The signature of ``args``, current while the jitted call (re)traces."""
+        leaves, tree = jax.tree.flatten(args)
+        key = (tree, tuple((tuple(np.shape(x)), str(jnp.result_type(x))) for x in leaves))
+        self._current.key = key
+        try:
+            yield key
+        finally:
+            self._current.key = None
+
+    def split(self, inputs: list, new: Any) -> list:
+        leaves, tree = jax.tree.flatten(new)
+        where = {id(x): i for i, x in enumerate(inputs)}
+        plan = (tree, tuple(where.get(id(x), -1) for x in leaves))
+        self._plans[getattr(self._current, "key", None)] = plan
+        return [x for x, i in zip(leaves, plan[1]) if i < 0]
+
+    def join(self, key: Any, inputs: list, kept: list) -> Any:
+        tree, plan = self._plans[key]
+        kept = iter(kept)
+        return tree.unflatten([inputs[i] if i >= 0 else next(kept) for i in plan])
+
+
+def forwarding_jit(fn: Callable, donate: bool) -> Callable:
+    """``jax.jit(fn)`` for ``fn(state, *rest) -> (new_state, *outs)`` that returns the state
+    leaves ``fn`` did not change as the input arrays themselves (:class:`Forwarding`)."""
+    if donate:
+        return jax.jit(fn, donate_argnums=(0,))
+    fwd = Forwarding()
+
+    def traced(state, *rest):
+        new, *outs = fn(state, *rest)
+        return fwd.split(jax.tree.leaves(state), new), *outs
+
+    jitted = jax.jit(traced)
+
+    def call(state, *rest):
+        with fwd.tracing((state, rest)) as key:
+            kept, *outs = jitted(state, *rest)
+        return fwd.join(key, jax.tree.leaves(state), kept), *outs
+
+    return call
+
+
 @functools.lru_cache(maxsize=256)
 def _one_map(local, statics, donate):
     def run(state, replicated):
         return local(LocalRouter(shard_size_of(state)), statics, state, replicated)
 
-    return jax.jit(run, donate_argnums=(0,) if donate else ())
+    return forwarding_jit(run, donate)
 
 
 @functools.lru_cache(maxsize=256)
@@ -147,7 +222,7 @@ def _one_call(local, statics, donate):
         return new, per_key, totals, RouteInfo(active, jnp.int32(n), jnp.int32(0),
                                                jnp.int32(n))
 
-    return jax.jit(run, donate_argnums=(0,) if donate else ())
+    return forwarding_jit(run, donate)
 
 
 @functools.lru_cache(maxsize=64)

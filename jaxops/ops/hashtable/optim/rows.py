@@ -187,7 +187,7 @@ def _fresh_rows(init_state: Callable, values: jax.Array, fields: tuple[str, ...]
     return [pick(f, r) if t else r for f, r, t in zip(leaves, rows, per_slot)]
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, inline=True)
 def apply_rule(spec: _Spec, table: HashTable, state: Any, slots: jax.Array, grads: jax.Array,
                step: Any) -> tuple[HashTable, Any]:
     """One shard's update: the rows at ``slots`` (-1: absent, counted) take ``spec.rule``."""
