@@ -46,9 +46,20 @@ def key_batch(op: str, keys: Any, bucket_size: int, arg: str = "keys",
 
 def flat_words(op: str, keys: Any, key_dtype: str | None = None, arg: str = "keys"
                ) -> tuple[Words64, tuple[int, ...]]:
-    """Keys in any accepted form as flat :class:`Words64`, and the keys' shape."""
+    """Keys in any accepted form as flat :class:`Words64`, and the keys' shape (host keys
+    are flattened on the host: an eager reshape is a dispatch of its own)."""
+    if isinstance(keys, np.ndarray) and keys.ndim != 1:
+        words = as_words(keys.reshape(-1), op, arg, key_dtype)
+        return words, keys.shape
     words = as_words(keys, op, arg, key_dtype)
+    if words.lo.ndim == 1:
+        return words, words.shape
     return Words64(words.lo.reshape(-1), words.hi.reshape(-1)), words.shape
+
+
+def shaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``x.reshape(shape)``, skipping the (dispatched) reshape when it is one already."""
+    return x if tuple(x.shape) == tuple(shape) else x.reshape(shape)
 
 
 def effective_keys(words: Words64, filter_key_flag, filter_key, default_key_or_value,

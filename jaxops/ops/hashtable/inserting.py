@@ -29,7 +29,8 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (effective_keys, find_or_place, flat_words,
-                                        group_count, group_first, is_first, key_batch, set_rows)
+                                        group_count, group_first, is_first, key_batch, set_rows,
+                                        shaped)
 from jaxops.ops.hashtable.load_policy import under_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT_OP
 from jaxops.ops.hashtable.placement import placement_of, run_routed
@@ -166,10 +167,10 @@ def lookup_or_insert(table: Any, keys: Any, *, filter_mode: str = "no_filter",
             new, (rows, slots, admitted), (counts, over), route = place.call(
                 _insert_on_shard, statics, place.storage(table), words, step,
                 capacity=capacity, donate=donate)
-            info = LookupInfo(slots.reshape(shape), admitted.reshape(shape), *counts, over,
-                              route._replace(served=route.served.reshape(shape)))
+            info = LookupInfo(shaped(slots, shape), shaped(admitted, shape), *counts, over,
+                              route._replace(served=shaped(route.served, shape)))
             return (place.rebuild(table, new, route.lost),
-                    rows.reshape(*shape, place.storage(table).embedding_dim), info)
+                    shaped(rows, (*shape, place.storage(table).embedding_dim)), info)
 
         return run_routed(op, place, attempt, lambda r: r[2].route, n, route_capacity, overflow)
 

@@ -163,7 +163,8 @@ class Forwarding:
     def tracing(self, args: Any):
         """The signature of ``args``, current while the jitted call (re)traces."""
         leaves, tree = jax.tree.flatten(args)
-        key = (tree, tuple((tuple(np.shape(x)), str(jnp.result_type(x))) for x in leaves))
+        key = (tree, tuple((np.shape(x), getattr(x, "dtype", None) or jnp.result_type(x))
+                           for x in leaves))
         self._current.key = key
         try:
             yield key

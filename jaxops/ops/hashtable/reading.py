@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.walk_table import walk_kernel
-from jaxops.ops.hashtable.batch import flat_words, key_batch, live_slots
+from jaxops.ops.hashtable.batch import flat_words, key_batch, live_slots, shaped
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.placement import placement_of, run_routed
 from jaxops.ops.hashtable.route import RouteInfo
@@ -74,8 +74,8 @@ def _read(op: str, table: Any, keys: Any, default_value: float, want_rows: bool,
         _, (rows, slots), _, route = place.call(
             _find_on_shard, (float(default_value), want_rows), storage, words,
             capacity=capacity)
-        rows = None if rows is None else rows.reshape(*shape, storage.embedding_dim)
-        return rows, slots.reshape(shape), route._replace(served=route.served.reshape(shape))
+        rows = None if rows is None else shaped(rows, (*shape, storage.embedding_dim))
+        return rows, shaped(slots, shape), route._replace(served=shaped(route.served, shape))
 
     return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)
 
@@ -155,15 +155,16 @@ def gather(table: Any, slots: Any, default_value: float = 0.0, *,
     slots = check_numeric(op, "slots", slots, SLOTS, integer=True)
     if not isinstance(slots, jax.core.Tracer):
         check_slots(np.asarray(slots), table.bucket_size)
-    slots = jnp.asarray(slots)
-    shape = slots.shape
-    flat = slots.reshape(-1).astype(jnp.int32)
+    shape = tuple(np.shape(slots))
+    flat = jnp.asarray(np.ravel(slots) if isinstance(slots, np.ndarray) else
+                       shaped(jnp.asarray(slots), (-1,) if len(shape) != 1 else shape),
+                       jnp.int32)
 
     def attempt(capacity):
         _, rows, _, route = place.call(_gather_on_shard, float(default_value), storage, flat,
                                        capacity=capacity)
-        return (rows.reshape(*shape, storage.embedding_dim),
-                route._replace(served=route.served.reshape(shape)))
+        return (shaped(rows, (*shape, storage.embedding_dim)),
+                route._replace(served=shaped(route.served, shape)))
 
     rows, route = run_routed(op, place, attempt, lambda r: r[1], int(flat.shape[0]),
                              route_capacity, overflow)
