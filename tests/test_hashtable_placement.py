@@ -106,3 +106,30 @@ def test_a_collection_holds_a_table_on_a_mesh():
         pooled.append(np.asarray(coll.pool(looked)["a"]))
     np.testing.assert_array_equal(pooled[0], pooled[1])
     np.testing.assert_array_equal(pooled[0], [[2.0, 2.0], [1.0, 1.0]])
+
+
+def test_resize_moves_every_optimizer_state_with_its_keys(placement):
+    t = ht.init_table(16, DIM, initializer_mode="constant", placement=placement)
+    opt = ht.optim.adagrad(0.1, initial_accumulator_value=0.5)
+    state, adam = opt.init(t), ht.adam_w_init(t)
+    keys = np.arange(10, dtype=np.int64) * 7
+    t, _, info = ht.lookup_or_insert(t, keys)
+    grads = np.arange(20, dtype=np.float32).reshape(10, DIM)
+    t, state = opt.update(t, state, info.slots, grads)
+    t, adam = ht.apply_adam_w(t, adam, keys, grads, lr=0.1, weight_decay=0.0)
+    t = ht.evict(t, keys[:2])  # tombstones are not carried over; their rows stay behind
+    big, (state2, adam2) = ht.resize(t, 64, states=[(state, opt.init),
+                                                     (adam, ht.adam_w_init)])
+    old, new = np.asarray(ht.locate(t, keys[2:])), np.asarray(ht.locate(big, keys[2:]))
+    rows = lambda a: np.asarray(a).reshape(-1, DIM)  # noqa: E731  (shards flattened)
+    np.testing.assert_array_equal(rows(state.sum_of_squares)[old],
+                                  rows(state2.sum_of_squares)[new])
+    np.testing.assert_array_equal(rows(adam.m)[old], rows(adam2.m)[new])
+    free = np.setdiff1d(np.arange(64), new)
+    assert np.all(rows(state2.sum_of_squares)[free] == 0.5)  # init's rows, not zeros
+    np.testing.assert_array_equal(np.asarray(adam.beta1_power), np.asarray(adam2.beta1_power))
+    # The next step is the one the old table would take.
+    t1, _ = opt.update(t, state, ht.locate(t, keys[2:]), grads[2:])
+    b1, _ = opt.update(big, state2, ht.locate(big, keys[2:]), grads[2:])
+    np.testing.assert_array_equal(np.asarray(ht.find(t1, keys[2:])[0]),
+                                  np.asarray(ht.find(b1, keys[2:])[0]))

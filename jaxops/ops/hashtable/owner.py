@@ -29,6 +29,8 @@ a key whose tombstone another key took starts fresh wherever it lands.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -37,7 +39,7 @@ from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import HashTable
 from jaxops.ops.hashtable.words import Words64
 
-__all__ = ["changed_hands", "record_owners", "slot_owners"]
+__all__ = ["changed_hands", "move_state_rows", "record_owners", "slot_owners"]
 
 
 def slot_owners(table: HashTable) -> Words64:
@@ -57,3 +59,25 @@ def changed_hands(owner: Words64, table: HashTable, read: jax.Array
 def record_owners(owner: Words64, at: jax.Array, keys: Words64, write: jax.Array) -> Words64:
     """``owner`` with ``keys`` recorded at slots ``at`` where ``write`` (distinct slots)."""
     return Words64(set_rows(owner.lo, at, keys.lo, write), set_rows(owner.hi, at, keys.hi, write))
+
+
+def move_state_rows(old: Any, fresh: Any, table: HashTable, slot: jax.Array) -> Any:
+    """An optimizer state moved with its table's entries (one shard): ``fresh`` (the state
+    ``init`` makes for the rebuilt table) with the rows of every old slot ``i`` whose key
+    went to ``slot[i]`` (-1: nowhere), when the state rows there belonged to that key (its
+    ``owner``); a key whose rows were another key's keeps ``fresh``'s rows, which is where
+    its first update would start. Leaves that are not per slot (counts, scalars such as
+    AdamW's beta powers) are taken from ``old``.
+    """
+    size = table.bucket_size
+    if "owner" in getattr(old, "_fields", ()):
+        write = (slot >= 0) & ~changed_hands(old.owner, table, jnp.arange(size))[0]
+    else:
+        write = slot >= 0
+
+    def move(o, f):
+        per_slot = jnp.ndim(o) >= 1 and jnp.shape(o)[0] == size and jnp.ndim(f) >= 1 \
+            and jnp.shape(f)[0] != 0 and jnp.shape(f)[1:] == jnp.shape(o)[1:]
+        return set_rows(f, slot, o, write) if per_slot else o
+
+    return jax.tree.map(move, old, fresh)

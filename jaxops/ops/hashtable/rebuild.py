@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -22,17 +23,18 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import set_rows
 from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.murmur import home_slot
+from jaxops.ops.hashtable.owner import move_state_rows
 from jaxops.ops.hashtable.placement import placement_of
 from jaxops.ops.hashtable.probe import place_new_keys
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, VALID, HashTable, check_bucket_size
 from jaxops.ops.hashtable.words import add_to_words, as_counter
 
-__all__ = ["compact", "rehash", "resize"]
+__all__ = ["compact", "rehash", "rehash_slots", "resize"]
 
 
 def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constant",
            constant_value: float = 0.0, sampled_values: jax.Array | None = None,
-           key: jax.Array | None = None) -> Any:
+           key: jax.Array | None = None, states: Sequence[tuple[Any, Callable]] = ()) -> Any:
     """Rehashes every live entry into a table of ``new_bucket_size`` slots.
 
     Keys, counters, flags (export state included), rows, ``last_access`` (and the table's
@@ -43,6 +45,12 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constan
     and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each shard gets
     ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with
     ``fold_in(key, i)``.
+
+    ``states``: optimizer states beside the table, each as ``(state, init)`` with ``init``
+    the function that makes that state for a table (``opt.init``, ``adam_w_init``). They are
+    rebuilt with the table: each key's state rows move with its row (a slot whose state
+    belonged to another key starts from ``init``'s rows), every other slot holds ``init``'s
+    rows, and counts and scalars are kept. Then ``(table, [state, ...])`` is returned.
 
     Raises:
         OpArgumentError: when the live entries do not fit a shard (checked when the table
@@ -68,13 +76,23 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constan
                                      key=key, placement=place))
     fresh = fresh.replace(max_load_factor=storage.max_load_factor,
                           load_policy=storage.load_policy, key_dtype=storage.key_dtype)
-    new, _ = place.map(_rehash_on_shard, None, (storage, fresh))
-    return place.rebuild(table, new)
+    if not states:
+        new, _ = place.map(_rehash_on_shard, None, (storage, fresh))
+        return place.rebuild(table, new)
+    grown = place.rebuild(None, fresh)
+    fresh_states = tuple(init(grown) for _, init in states)
+    old_states = tuple(state for state, _ in states)
+    new, moved = place.map(_rehash_on_shard, None, (storage, fresh, old_states, fresh_states))
+    return place.rebuild(table, new), list(moved)
 
 
 def _rehash_on_shard(router, statics, state, replicated):
-    old, new = state
-    return rehash(old, new), ()
+    if len(state) == 2:
+        old, new = state
+        return rehash(old, new), ()
+    old, new, old_states, fresh_states = state
+    new, slot = rehash_slots(old, new)
+    return new, tuple(move_state_rows(o, f, old, slot) for o, f in zip(old_states, fresh_states))
 
 
 def compact(table: Any, **init) -> Any:
@@ -98,11 +116,20 @@ def compact(table: Any, **init) -> Any:
     return resize(table, table.bucket_size, **init)
 
 
-@jax.jit
 def rehash(old: HashTable, new: HashTable) -> HashTable:
     """``new`` (an empty shard) holding every live entry of ``old`` (one shard), in
     ascending old-slot order, with their counters, flags, rows and ``last_access``."""
-    used = (old.flags & (VALID | EVICTED)) == VALID
+    return rehash_slots(old, new)[0]
+
+
+@functools.partial(jax.jit, inline=True)
+def rehash_slots(old: HashTable, new: HashTable, used: jax.Array | None = None
+                 ) -> tuple[HashTable, jax.Array]:
+    """:func:`rehash`, and where each old slot's entry went (int32 ``[old slots]``, -1:
+    none): the map that moves optimizer state rows along (:func:`~.owner.move_state_rows`).
+    ``used``: the old slots to move (default: the live ones)."""
+    if used is None:
+        used = (old.flags & (VALID | EVICTED)) == VALID
     home = home_slot(old.key_lo, old.key_hi, new.bucket_size)
     slot, key_lo, flags = place_new_keys(new.key_lo, new.flags, home, jnp.zeros_like(home), used)
     put = functools.partial(set_rows, slot=slot, write=slot >= 0)
@@ -116,4 +143,4 @@ def rehash(old: HashTable, new: HashTable) -> HashTable:
         live=old.live - jnp.sum(lost_live, dtype=jnp.int32),
         not_exported=old.not_exported - jnp.sum(lost_live & ((old.flags & EXPORT) == 0),
                                                 dtype=jnp.int32),
-        dropped=add_to_words(as_counter(old.dropped), jnp.sum(lost_live, dtype=jnp.int32)))
+        dropped=add_to_words(as_counter(old.dropped), jnp.sum(lost_live, dtype=jnp.int32))), slot
