@@ -86,6 +86,11 @@ class HashTable:
             fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
         key_dtype: static, ``"int64"`` or ``"uint64"``: the dtype keys are checked against
             and given back in (see the module docstring).
+        initializer: static, the rows slots get when the table grows (or is rebuilt):
+            ``("constant", value)``, ``("uniform", low, high, seed)`` with ``seed`` the PRNG
+            key's words (None: not known, e.g. a key traced inside ``jit``),
+            ``("callable", f, seed)`` (rows ``f(key, shape, dtype)``, a JAX initializer), or
+            ``("sampled",)`` (rows given by the caller; growth fills with 0.0 unless told).
     """
 
     key_lo: jax.Array
@@ -103,6 +108,7 @@ class HashTable:
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
     key_dtype: str = dataclasses.field(default="int64", metadata={"static": True})
+    initializer: tuple = dataclasses.field(default=("constant", 0.0), metadata={"static": True})
 
     @property
     def bucket_size(self) -> int:
