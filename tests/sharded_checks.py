@@ -398,8 +398,9 @@ def single_table_inside_shard_map_with_check_vma():
     mesh = mesh_of(8)
     table, _ = fresh_pair(8)
 
-    def local(keys):
-        t, rows, info = ht.lookup_or_insert(table, keys, **COUNTER)
+    def local(keys):  # int32 ids in a 64-bit table: as words, widened where they are known
+        t, rows, info = ht.lookup_or_insert(table, ht.words.Words64(
+            keys.astype(jnp.uint32), jnp.zeros_like(keys, jnp.uint32)), **COUNTER)
         return rows, info.inserted[None]
 
     keys = jnp.arange(8 * BATCH, dtype=jnp.int32) % 37

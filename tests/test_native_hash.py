@@ -112,7 +112,8 @@ def test_explain_names_the_walk_path(monkeypatch):
 
 
 def test_find_under_vmap_equals_xla():
-    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=1.0)
+    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=1.0,
+                      key_dtype=np.int32)  # JAX int32 ids: a table of 32-bit ids
     t, _, _ = ht.lookup_or_insert(t, np.arange(0, 40, 2, dtype=np.int64))
     batches = jnp.arange(24, dtype=jnp.int32).reshape(3, 8)
     got, want = _both_paths(lambda: jax.vmap(lambda k: ht.find(t, k))(batches))

@@ -49,8 +49,7 @@ def flat_words(op: str, keys: Any, key_dtype: str | None = None, arg: str = "key
     """Keys in any accepted form as flat :class:`Words64`, and the keys' shape (host keys
     are flattened on the host: an eager reshape is a dispatch of its own)."""
     if isinstance(keys, np.ndarray) and keys.ndim != 1:
-        words = as_words(keys.reshape(-1), op, arg, key_dtype)
-        return words, keys.shape
+        return as_words(keys, op, arg, key_dtype, flat=True), keys.shape
     words = as_words(keys, op, arg, key_dtype)
     if words.lo.ndim == 1:
         return words, words.shape
