@@ -169,3 +169,21 @@ def test_the_nnx_layer_maintains_between_jitted_steps():
         done = embed.maintain()["ids"]
         lost, grown = lost + done.lost, grown + done.grown
     assert lost == 0 and grown >= 2 and embed.state["ids"].table.bucket_size >= 256
+
+
+def test_bags_of_ids_jax_may_have_narrowed_are_refused():
+    coll = EmbeddingCollection([TableConfig("t", 64, 2, ("a",), ht.optim.sgd(0.1), 0.5)])
+    state = coll.init(jax.random.key(0))
+    ids = np.array([2**40 + 5, 5], np.int64)  # both narrow to 5 at the jit boundary
+
+    def live(state, ids):
+        column = jax.tree.map(lambda x: x[:, None], ids)  # an array, or Words64 of arrays
+        return coll.lookup(state, {"a": Bags.from_dense(column)})[0]["t"].table.live
+
+    with pytest.raises(OpArgumentError, match=r"features\['a'\].*narrowed.*as_words"):
+        jax.jit(live)(state, ids)
+    assert int(jax.jit(live)(state, ht.words.as_words(ids))) == 2  # word pairs: both ids
+    small = EmbeddingCollection([TableConfig("t", 64, 2, ("a",), ht.optim.sgd(0.1), 0.5,
+                                             key_dtype=np.int32)])
+    assert int(jax.jit(lambda s, x: small.lookup(s, {"a": Bags.from_dense(x[:, None])})[0][
+        "t"].table.live)(small.init(jax.random.key(0)), jnp.array([7, -7], jnp.int32))) == 2

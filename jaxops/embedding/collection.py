@@ -90,6 +90,10 @@ class TableConfig:
         placement: where the table lives: None (one device) or a
             :class:`~jaxops.hashtable.MeshAxis` (a table sharded by key over a mesh axis;
             the training step and the reads are the same).
+        key_dtype: the ids' dtype: ``np.int64`` (64-bit ids; with x64 off pass them to a
+            jitted step as ``ht.words.as_words(ids)`` or numpy, never as a JAX int32 array,
+            which may hold narrowed ids and is refused) or ``np.int32`` / ``np.uint32`` (ids
+            that are 32-bit: JAX int32 arrays welcome).
         load_policy, max_load_factor: what :meth:`EmbeddingCollection.maintain` does when
             the table nears its limit (``"error"``, ``"grow"``, ``"evict"``,
             ``"evict_lfu"``, or a policy registered in ``LOAD_POLICIES``; see
@@ -107,6 +111,7 @@ class TableConfig:
     placement: Placement | None = None
     load_policy: str = "error"
     max_load_factor: float = 0.9
+    key_dtype: Any = np.int64
 
 
 class TableReport(NamedTuple):
@@ -196,7 +201,7 @@ def salt_ids(feature: str, ids: Words64) -> Words64:
 def _initial_values(config: TableConfig, key: jax.Array) -> Any:
     init = config.initializer
     size, dim = config.bucket_size, config.embedding_dim
-    where = dict(placement=config.placement)
+    where = dict(placement=config.placement, key_dtype=config.key_dtype)
     if config.placement is not None:  # a whole number of slots per shard
         size = -(-size // config.placement.num_shards) * config.placement.num_shards
     if init is None:
@@ -267,6 +272,14 @@ class EmbeddingCollection:
             if not isinstance(bags, Bags):
                 raise OpArgumentError(_OP, f"features[{name!r}]", "a jaxops.embedding.Bags",
                                       type(bags).__name__)
+            key_dtype = np.dtype(self._table_of[name].key_dtype).name
+            if bags.narrow and key_dtype in ("int64", "uint64"):
+                raise OpArgumentError(
+                    _OP, f"features[{name!r}]", f"{key_dtype} ids as words (ht.words.as_words"
+                    "(ids)) or numpy with jax_enable_x64 off", "Bags of a JAX int32 array: "
+                    "JAX may have narrowed 64-bit ids to it", "Make the Bags from "
+                    "ht.words.as_words(ids) on the host, or give the table "
+                    "TableConfig(key_dtype=np.int32) if the ids are 32-bit.")
         groups: dict[str, list[str]] = {}
         for config in self.tables:
             given = [f for f in config.features if f in features]
