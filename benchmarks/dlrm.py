@@ -50,7 +50,8 @@ def _batches(steps: int, batch: int, seed: int = 0):
     return out
 
 
-def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: float = 0.9):
+def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: float = 0.9,
+           route_capacity: int | None = None):
     import jax
     import jax.numpy as jnp
     import optax
@@ -61,7 +62,7 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
     names = tuple(f"c{i}" for i in range(FEATURES))
     coll = EmbeddingCollection([TableConfig(
         "ids", slots, DIM, names, ht.optim.adagrad(0.05), 0.01, placement=placement,
-        load_policy=policy, max_load_factor=max_load_factor)])
+        load_policy=policy, max_load_factor=max_load_factor, route_capacity=route_capacity)])
     tx = optax.adam(1e-3)
 
     def init(key):
@@ -141,14 +142,20 @@ def _dense_model(slots: int):
     return init, step
 
 
-def _looping(step, state, batches, maintain=None):
-    """A ``compare`` callable running one step per call (state threaded through)."""
+def _looping(step, state, batches, maintain=None, sharding=None):
+    """A ``compare`` callable running one step per call (state threaded through); with
+    ``sharding`` the batch is split over the mesh (data parallel), as a sharded run feeds it."""
+    import jax
+
+    put = (lambda x: x) if sharding is None else (lambda x: jax.device_put(x, sharding))
+    batches = [(put(d), tuple(put(np_.T.copy()).T for np_ in _words(i)), put(lab))
+               for d, i, lab in batches]
     box = {"state": state, "i": 0}
 
     def call():
         dense, ids, labels = batches[box["i"] % len(batches)]
         box["i"] += 1
-        box["state"], loss = step(box["state"], dense, _words(ids), labels)
+        box["state"], loss = step(box["state"], dense, ids, labels)
         if maintain is not None:
             box["state"] = maintain(box["state"])
         return loss
@@ -226,8 +233,13 @@ def _child(quick: bool) -> dict:
     batches = _batches(8, batch)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("shard",))
     _, init1, step1 = _model(slots)
-    coll8, init8, step8 = _model(slots, placement=ht.MeshAxis(mesh, "shard"))
-    res = compare("step", _looping(step8, init8(jax.random.key(0)), batches), "1 device",
+    capacity = int(os.environ.get("DLRM_CAPACITY", "0")) or None
+    coll8, init8, step8 = _model(slots, placement=ht.MeshAxis(mesh, "shard"),
+                                 route_capacity=capacity)
+    by_row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("shard"))
+    split = by_row if os.environ.get("DLRM_SPLIT") else None
+    res = compare("step", _looping(step8, init8(jax.random.key(0)), batches,
+                                   sharding=split), "1 device",
                   _looping(step1, init1(jax.random.key(0)), batches),
                   repeats=3 if quick else 7, warmup=2)
     lanes = 8 * (-(-batch * FEATURES // 8))  # every device sends its slice to each shard

@@ -94,6 +94,8 @@ class TableConfig:
             jitted step as ``ht.words.as_words(ids)`` or numpy, never as a JAX int32 array,
             which may hold narrowed ids and is refused) or ``np.int32`` / ``np.uint32`` (ids
             that are 32-bit: JAX int32 arrays welcome).
+        route_capacity: on a mesh, the routing buffers' lanes per destination (see
+            ``lookup_or_insert``); None: each device's batch slice, which nothing overflows.
         load_policy, max_load_factor: what :meth:`EmbeddingCollection.maintain` does when
             the table nears its limit (``"error"``, ``"grow"``, ``"evict"``,
             ``"evict_lfu"``, or a policy registered in ``LOAD_POLICIES``; see
@@ -112,6 +114,7 @@ class TableConfig:
     load_policy: str = "error"
     max_load_factor: float = 0.9
     key_dtype: Any = np.int64
+    route_capacity: int | None = None
 
 
 class TableReport(NamedTuple):
@@ -311,15 +314,20 @@ class EmbeddingCollection:
             table = state[table_name].table
             if insert:
                 table, got, info[table_name] = lookup_or_insert(
-                    table, words, filter_key_flag=True, filter_key=-1)
+                    table, words, filter_key_flag=True, filter_key=-1,
+                    route_capacity=config.route_capacity)
                 at = info[table_name].slots
                 report = state[table_name].report
                 state[table_name] = state[table_name]._replace(
                     table=table, report=None if report is None else report.add(info[table_name]))
             else:
-                at = locate(table, words)
+                at = locate(table, words, route_capacity=config.route_capacity,
+                            with_route=config.route_capacity is not None)
+                at = at[0] if config.route_capacity is not None else at
                 at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
-                got, info[table_name] = gather(table, at), None
+                got = gather(table, at, route_capacity=config.route_capacity,
+                             with_route=config.route_capacity is not None)
+                got, info[table_name] = got[0] if config.route_capacity is not None else got, None
             bounds = np.cumsum([k.lo.shape[0] for k in keys])[:-1]
             for f, r, s in zip(group, jnp.split(got, bounds), jnp.split(at, bounds)):
                 rows[f], slots[f], bags[f] = r, s, features[f]
@@ -351,7 +359,7 @@ class EmbeddingCollection:
             g = jnp.concatenate([grads[f] for f in group])
             table, opt_state = config.optimizer.update(state[table_name].table,
                                                        state[table_name].opt_state, slots, g,
-                                                       step)
+                                                       step, route_capacity=config.route_capacity)
             state[table_name] = state[table_name]._replace(table=table, opt_state=opt_state)
         return state
 

@@ -194,9 +194,8 @@ def _insert_on_shard(router, statics, table, words, active, step):
     table = table.replace(clock=table.clock + np.uint32(1) if step is None
                           else jnp.asarray(step).astype(jnp.uint32))
     new, rows, info = insert_keys(table, received, ex.active, **attrs)
-    per_key = (router.back(ex, rows, attrs["default_value"]),
-               router.back(ex, router.global_slots(info.slots), -1),
-               router.back(ex, info.admitted, False))
+    per_key = router.back(ex, (rows, router.global_slots(info.slots), info.admitted),
+                          (attrs["default_value"], -1, False))
     counts = router.total((info.inserted, info.unplaced, info.not_admitted, info.filtered))
     return new, per_key, (counts, router.most(info.over_limit.astype(jnp.int32)) > 0)
 

@@ -45,8 +45,9 @@ def _find_on_shard(router, statics, table, words, active, replicated):
     ex = router.keys(words, active)
     received, _ = ex.received
     rows, slots = read_rows(table, received, ex.active, default_value, want_rows)
-    found = router.back(ex, router.global_slots(slots), -1)
-    return None, (router.back(ex, rows, default_value) if want_rows else None, found), ()
+    if not want_rows:
+        return None, (None, router.back(ex, router.global_slots(slots), -1)), ()
+    return None, router.back(ex, (rows, router.global_slots(slots)), (default_value, -1)), ()
 
 
 def read_rows(table: HashTable, words, active: jax.Array, default_value: float,

@@ -97,8 +97,9 @@ class Router:
         raise NotImplementedError
 
     def back(self, exchange: Exchange, answer: Any, fill: Any = 0) -> Any:
-        """Answers (one per received lane) back to the lanes they came from; ``fill`` where
-        a lane was not served."""
+        """Answers (one per received lane; an array, or a tuple of arrays) back to the lanes
+        they came from; ``fill`` (one, or a tuple: one per answer) where a lane was not
+        served."""
         raise NotImplementedError
 
     def index(self) -> jax.Array:
@@ -121,8 +122,8 @@ class Router:
         return jnp.zeros_like(x)
 
     def every(self, x: jax.Array) -> jax.Array:
-        """``[num_shards]``: each shard's ``x`` (a scalar), on every shard."""
-        return jnp.reshape(x, (1,))
+        """``[num_shards, ...]``: each shard's ``x``, on every shard."""
+        return jnp.expand_dims(x, 0)
 
 
 class LocalRouter(Router):
@@ -174,14 +175,17 @@ class AxisRouter(Router):
         plan = _plan(owner, active, self.num_shards, self.capacity)
         lanes = self.num_shards * self.capacity
 
-        def pack(x):
+        def scatter(x):
             buf = jnp.zeros((lanes,) + x.shape[1:], x.dtype)
-            return _exchange(buf.at[plan.position].set(x, mode="drop", unique_indices=True),
-                             self.axis)
+            return buf.at[plan.position].set(x, mode="drop", unique_indices=True)
 
-        lost = jnp.sum(active & ~plan.served, dtype=jnp.int32)
-        self.report = (plan.served, self.most(plan.needed), self.total(lost))
-        return Exchange(jax.tree.map(pack, payload), pack(jnp.ones(owner.shape[0], bool)), plan)
+        arrived = jnp.ones(owner.shape[0], bool)
+        received, arrived = _exchange_tree(jax.tree.map(scatter, (payload, arrived)), self.axis)
+        # One gather of both counts: the fullest buffer anywhere, the lanes lost everywhere.
+        counts = self.every(jnp.stack([plan.needed, jnp.sum(active & ~plan.served,
+                                                            dtype=jnp.int32)]))
+        self.report = (plan.served, jnp.max(counts[:, 0]), jnp.sum(counts[:, 1]))
+        return Exchange(received, arrived, plan)
 
     def keys(self, words, active, extra=()):
         return self._send((words, extra), owner_shard(words.lo, words.hi, self.num_shards),
@@ -193,11 +197,18 @@ class AxisRouter(Router):
         return self._send((local, extra), owner, active)
 
     def back(self, exchange, answer, fill=0):
-        def back(x):
-            home = _exchange(x, self.axis)
-            return jnp.take(home, exchange.plan.position, axis=0, mode="fill", fill_value=fill)
+        lanes = self.num_shards * self.capacity
+        position = exchange.plan.position
+        home = _exchange_tree(answer, self.axis)
+        served = position < lanes
 
-        return jax.tree.map(back, answer)
+        def pick(x, fill):
+            got = jnp.take(x, jnp.minimum(position, lanes - 1), axis=0)
+            return jnp.where(served.reshape(-1, *([1] * (x.ndim - 1))), got,
+                             jnp.asarray(fill, x.dtype))
+
+        fills = fill if isinstance(fill, tuple) else jax.tree.map(lambda _: fill, answer)
+        return jax.tree.map(pick, home, fills)
 
     def index(self):
         return jax.lax.axis_index(self.axis).astype(jnp.int32)
@@ -217,11 +228,50 @@ class AxisRouter(Router):
                        dtype=x.dtype)
 
     def every(self, x):
-        return jax.lax.psum(jnp.zeros(self.num_shards, x.dtype).at[self.index()].set(x),
-                            self.axis)
+        return jax.lax.psum(jnp.zeros((self.num_shards, *x.shape), x.dtype).at[
+            self.index()].set(x), self.axis)
 
 
 def _exchange(x: jax.Array, axis: str) -> jax.Array:
     """Block ``d`` of ``x`` (split along axis 0) goes to device ``d``; received blocks are
     stacked by source. Its own transpose, so gradients flow back the same way."""
     return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
+
+
+def _exchange_tree(tree: Any, axis: str) -> Any:
+    """:func:`_exchange` of every leaf (all ``[lanes, ...]``) in at most two collectives:
+    the float32 leaves side by side in one (differentiable), every other leaf as uint32
+    columns in the other. On a few host cores each collective is a rendezvous of every
+    device's thread, which costs more than the bytes it moves."""
+    leaves, tree_def = jax.tree.flatten(tree)
+    if not leaves:
+        return tree
+    lanes = leaves[0].shape[0]
+    out = list(leaves)
+    for floats in (True, False):
+        group = [i for i, x in enumerate(leaves) if (x.dtype == jnp.float32) == floats]
+        if not group:
+            continue
+        cols = [leaves[i].reshape(lanes, -1) for i in group]
+        if not floats:
+            cols = [_as_words32(c) for c in cols]
+        joined = _exchange(jnp.concatenate(cols, axis=1), axis)
+        at = 0
+        for i, c in zip(group, cols):
+            part = joined[:, at:at + c.shape[1]]
+            at += c.shape[1]
+            out[i] = (part if floats else _from_words32(part, leaves[i].dtype)).reshape(
+                leaves[i].shape)
+    return tree_def.unflatten(out)
+
+
+def _as_words32(x: jax.Array) -> jax.Array:
+    if x.dtype.itemsize == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return x.astype(jnp.uint32)  # bool and small integers: their values fit
+
+
+def _from_words32(x: jax.Array, dtype) -> jax.Array:
+    if np.dtype(dtype).itemsize == 4:
+        return jax.lax.bitcast_convert_type(x, dtype)
+    return x.astype(dtype)
