@@ -53,7 +53,9 @@ def test_sharded_embedding():
     out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
     assert out["last_loss"] < out["first_loss"]
     assert out["same_after_reshard"] and out["live"] > 0
-    assert out["route_capacity"] == 128  # one device: every key goes to it, the whole slice
+    # One device: every key goes to it, each distinct id of a step once (Zipf ids repeat).
+    distinct = max(len(np.unique(ids)) for ids, _ in load("sharded_embedding").batches(20, 128))
+    assert out["route_capacity"] == 1 << (distinct - 1).bit_length() < 128  # a power of two
 
 
 def test_click_model(tmp_path):

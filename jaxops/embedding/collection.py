@@ -128,6 +128,7 @@ class TableReport(NamedTuple):
         unplaced: ids that found no slot (lost to a full table).
         over_limit: some step left a shard past its load limit.
         unrouted: ids that did not fit a routing buffer (a table on a mesh).
+        route_needed: the largest routing buffer a step needed (a table on a mesh).
     """
 
     steps: jax.Array
@@ -136,18 +137,20 @@ class TableReport(NamedTuple):
     unplaced: jax.Array
     over_limit: jax.Array
     unrouted: jax.Array
+    route_needed: jax.Array
 
     @classmethod
     def zero(cls) -> "TableReport":
         count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731  (own buffers: donatable)
-        return cls(count(), count(), count(), count(), jnp.zeros((), bool), count())
+        return cls(count(), count(), count(), count(), jnp.zeros((), bool), count(), count())
 
     def add(self, info: LookupInfo) -> "TableReport":
         """This report with one more lookup's ``info``."""
         return TableReport(self.steps + 1, self.inserted + info.inserted,
                            jnp.maximum(self.max_inserted, info.inserted),
                            self.unplaced + info.unplaced, self.over_limit | info.over_limit,
-                           self.unrouted + info.route.lost)
+                           self.unrouted + info.route.lost,
+                           jnp.maximum(self.route_needed, info.route.needed))
 
 
 class TableState(NamedTuple):
@@ -369,7 +372,10 @@ class EmbeddingCollection:
         :func:`jaxops.hashtable.maintain`): a table near its limit grows with its optimizer
         state (new slots from the table's initializer) or evicts its lowest-scored ids
         (their optimizer state reset), as its :class:`TableConfig` says; with ``"error"``
-        a table past its limit, or one that lost ids, raises, naming it.
+        a table past its limit, or one that lost ids, raises, naming it. A table on a mesh
+        without a ``route_capacity`` of its config gets routing buffers of twice what the
+        steps needed (each device sends each distinct id once: the buffers hold a fraction
+        of the batch).
 
         Args:
             state: the state after some steps.
@@ -392,6 +398,9 @@ class EmbeddingCollection:
             table, (opt_state,), done[config.name] = maintain(
                 table_state.table, [(table_state.opt_state, config.optimizer.init)],
                 headroom=room, lost=int(seen.unplaced) if seen is not None else 0,
-                name=config.name)
+                route_needed=int(seen.route_needed) if seen is not None
+                and config.route_capacity is None else 0, name=config.name)
+            if seen is not None:
+                done[config.name] = done[config.name]._replace(unrouted=int(seen.unrouted))
             state[config.name] = TableState(table, opt_state, TableReport.zero())
         return state, done

@@ -251,6 +251,10 @@ class Maintenance(NamedTuple):
         grown: 1 when the table grew (its shapes changed: a jitted step recompiles once).
         evicted: keys the policy evicted (their optimizer state reset).
         lost: keys the caller says were lost since the last call (``info.unplaced``).
+        route_capacity: the table's routing capacity after the call (a table on a mesh;
+            None: each device's batch slice, or one device).
+        unrouted: keys the caller says did not fit a routing buffer since the last call
+            (``info.route.lost``): not served that step; the routing capacity grows.
     """
 
     action: str
@@ -259,10 +263,13 @@ class Maintenance(NamedTuple):
     grown: int
     evicted: int
     lost: int
+    route_capacity: int | None = None
+    unrouted: int = 0
 
 
 def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroom: int = 0,
-             lost: int = 0, name: str = "table") -> tuple[Any, list, Maintenance]:
+             lost: int = 0, route_needed: int = 0, name: str = "table"
+             ) -> tuple[Any, list, Maintenance]:
     """Applies the table's load policy between jitted steps: the lifecycle call.
 
     Inside ``jit`` an insert cannot grow or evict (shapes are static); it inserts while
@@ -281,6 +288,12 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
     - a policy registered in :data:`LOAD_POLICIES` is called with a :class:`LoadDemand`
       (and ``states=`` when it takes them).
 
+    On a mesh it also sizes the routing buffers the table's calls use by default
+    (``table.route_capacity``): twice the largest buffer the steps needed
+    (``route_needed``, from ``info.route.needed``), to a power of two, growing only (each
+    change recompiles a jitted step once). Each device sends each distinct key once, so the
+    buffers hold distinct keys: a fraction of the batch on skewed ids.
+
     Args:
         table: the table (any placement).
         states: the optimizer states beside it, as ``(state, init)`` with ``init`` the
@@ -289,6 +302,8 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
             inserted); the policy keeps that much room below the limit.
         lost: keys the steps since the last call could not place (the sum of their
             ``info.unplaced``), reported and, with ``"error"``, refused.
+        route_needed: the largest routing buffer the steps since the last call needed (the
+            most of their ``info.route.needed``); 0 leaves the routing capacity alone.
         name: the table's name in messages.
 
     Returns:
@@ -307,10 +322,13 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
     storage = place.storage(table)
     headroom = check_int(op, "headroom", headroom, 0, 2**31 - 1)
     lost = check_int(op, "lost", lost, 0, 2**63 - 1)
+    route_needed = check_int(op, "route_needed", route_needed, 0, 2**31 - 1)
+    table = _sized_routes(place, table, route_needed)
     live = place.per_shard(storage.live)
     demand = LoadDemand(live + headroom, np.full(1, -1, np.int32), storage.max_live,
                         storage.bucket_size)
-    report = Maintenance("none", int(live.sum()), table.bucket_size, 0, 0, lost)
+    report = Maintenance("none", int(live.sum()), table.bucket_size, 0, 0, lost,
+                         getattr(table, "route_capacity", None))
     policy = storage.load_policy
     if policy == "error":
         if lost or (live > storage.max_live).any():
@@ -337,6 +355,17 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
                               "does not take states=)", f"{len(states)} optimizer states",
                               "Give the policy a states= parameter (see LOAD_POLICIES).")
     after = int(np.sum(place.per_shard(place.storage(new).live)))
-    return new, list(new_states), report._replace(
+    return new, list(new_states), report._replace(route_capacity=getattr(
+        new, "route_capacity", None),
         action=policy, bucket_size=new.bucket_size, grown=grown,
         evicted=max(0, int(live.sum()) - after) if not grown else 0)
+
+
+def _sized_routes(place: Placement, table: Any, route_needed: int) -> Any:
+    """``table`` with routing buffers of twice ``route_needed`` lanes (a power of two) when
+    its own hold less than that (never smaller: each change is a recompile)."""
+    if not place.routes or not route_needed:
+        return table
+    want = 1 << (2 * route_needed - 1).bit_length()
+    have = table.route_capacity
+    return table if have is not None and have >= want else table.replace(route_capacity=want)

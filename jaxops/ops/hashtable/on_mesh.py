@@ -73,9 +73,8 @@ class MeshAxis(Placement):
     def rebuild(self, table, storage, unrouted=None):
         if isinstance(table, ShardedHashTable):
             count = table.unrouted if unrouted is None else table.unrouted + unrouted
-        else:
-            count = replicated_int(self.mesh, 0)
-        return ShardedHashTable(storage, count, self)
+            return ShardedHashTable(storage, count, self, table.route_capacity)
+        return ShardedHashTable(storage, replicated_int(self.mesh, 0), self)
 
     def map(self, local, statics, state, replicated=None, *, donate=False):
         fn = _mesh_map(local, statics, self.mesh, self.axis, shard_size_of(state), donate)
@@ -294,11 +293,15 @@ class ShardedHashTable:
             (``route_capacity``) in a call that returned this table, so were not served
             (each call's info also reports its own); never lost silently.
         placement: static; the :class:`MeshAxis` the shards lie along.
+        route_capacity: static; the routing buffers' lanes per destination of every call
+            that does not give one (None: each device's batch slice, which nothing
+            overflows). :func:`~.load_policy.maintain` sets it from what steps needed.
     """
 
     shards: HashTable
     unrouted: jax.Array
     placement: MeshAxis = dataclasses.field(metadata={"static": True})
+    route_capacity: int | None = dataclasses.field(default=None, metadata={"static": True})
 
     @property
     def mesh(self) -> Mesh:
@@ -362,8 +365,8 @@ class ShardedHashTable:
 
     def replace(self, **changes) -> "ShardedHashTable":
         """A copy with fields of the local tables replaced (``values=...``), or ``shards=``
-        (and ``unrouted=``)."""
-        if "shards" in changes or "unrouted" in changes:
+        (``unrouted=``, ``route_capacity=``)."""
+        if {"shards", "unrouted", "route_capacity"} & set(changes):
             return dataclasses.replace(self, **changes)
         return dataclasses.replace(self, shards=self.shards.replace(**changes))
 

@@ -42,7 +42,7 @@ __all__ = ["find", "gather", "locate", "lookup"]
 
 def _find_on_shard(router, statics, table, words, active, replicated):
     default_value, want_rows = statics
-    ex = router.keys(words, active)
+    ex = router.keys(words, active, dedup=True)
     received, _ = ex.received
     rows, slots = read_rows(table, received, ex.active, default_value, want_rows)
     if not want_rows:
@@ -78,7 +78,7 @@ def _read(op: str, table: Any, keys: Any, default_value: float, want_rows: bool,
         rows = None if rows is None else shaped(rows, (*shape, storage.embedding_dim))
         return rows, shaped(slots, shape), route._replace(served=shaped(route.served, shape))
 
-    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)
+    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow, table)
 
 
 def _with_route(op: str, result: tuple, route: RouteInfo, route_capacity: Any,
@@ -87,7 +87,7 @@ def _with_route(op: str, result: tuple, route: RouteInfo, route_capacity: Any,
     keys in, so inside ``jit`` a given ``route_capacity`` needs ``with_route=True``."""
     if with_route:
         return (*result, route)
-    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):
+    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):  # given here
         raise OpArgumentError(op, "with_route", "True when route_capacity is given inside jit "
                               "(the RouteInfo is the only report of keys that did not fit)",
                               "False", f"Call {op}(..., with_route=True) and check info.lost.")
@@ -132,7 +132,7 @@ def lookup(table: Any, keys: Any, *, route_capacity: int | None = None,
 
 
 def _gather_on_shard(router, default_value, table, slots, active, replicated):
-    ex = router.slots(slots, active)
+    ex = router.slots(slots, active, dedup=True)
     local, _ = ex.received
     rows = gather_rows(table.values, jnp.where(ex.active, local, -1), default_value)
     return None, router.back(ex, rows, default_value), ()
@@ -168,5 +168,5 @@ def gather(table: Any, slots: Any, default_value: float = 0.0, *,
                 route._replace(served=shaped(route.served, shape)))
 
     rows, route = run_routed(op, place, attempt, lambda r: r[1], int(flat.shape[0]),
-                             route_capacity, overflow)
+                             route_capacity, overflow, table)
     return _with_route(op, (rows,), route, route_capacity, with_route)

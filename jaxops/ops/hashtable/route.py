@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.ops.hashtable.batch import group_prefix
 from jaxops.ops.hashtable.murmur import murmur3_x86_32
+from jaxops.ops.hashtable.probe import first_occurrences, take
 from jaxops.ops.hashtable.words import Words64
 
 __all__ = ["OWNER_SEED", "AxisRouter", "Exchange", "LocalRouter", "RouteInfo", "Router",
@@ -71,11 +73,17 @@ class Exchange(NamedTuple):
         received: the routed payload (a tree of arrays, one entry per lane).
         active: bool, one per lane: the lanes holding something (the rest are padding).
         plan: where each of this device's lanes went (None: nothing moved).
+        weights: int32, one per lane: how many of the sender's lanes a lane stands for
+            (a deduplicated send); None: one each.
+        fan: int32, one per sender lane: the lane whose answer it takes (a deduplicated
+            send: the first lane of its key); None: its own.
     """
 
     received: Any
     active: jax.Array
     plan: Any = None
+    weights: jax.Array | None = None
+    fan: jax.Array | None = None
 
 
 class Router:
@@ -84,17 +92,32 @@ class Router:
 
     num_shards: int = 1
     shard_size: int = 0
+    #: Whether lanes move between shards (False: one device, every call the identity).
+    moves: bool = False
     #: ``(served, needed, lost)`` of the call's exchange (one per operation), or None
     report: tuple | None = None
 
-    def keys(self, words: Words64, active: jax.Array, extra: Any = ()) -> Exchange:
-        """Sends each key (and its ``extra`` payload) to its owner shard."""
+    def keys(self, words: Words64, active: jax.Array, extra: Any = (),
+             dedup: bool = False) -> Exchange:
+        """Sends each key (and its ``extra`` payload) to its owner shard. With ``dedup``
+        each distinct key is sent once (as TorchRec's input distribution does), standing for
+        its copies (``Exchange.weights``), with the ``extra`` of its first copy; answers fan
+        back out to every copy. Sum the copies' payload first where it adds up
+        (:func:`~.batch.group_sum`)."""
         raise NotImplementedError
 
-    def slots(self, slots: jax.Array, active: jax.Array, extra: Any = ()) -> Exchange:
+    def slots(self, slots: jax.Array, active: jax.Array, extra: Any = (),
+              dedup: bool = False) -> Exchange:
         """Sends each global slot (and ``extra``) to its shard as a local slot; -1 (absent)
-        stays -1 (it lands on shard 0, which counts it like any absent entry)."""
+        stays -1 (it lands on shard 0, which counts it like any absent entry). ``dedup`` as
+        in :meth:`keys`."""
         raise NotImplementedError
+
+    def copy_rank(self, exchange: Exchange, active: jax.Array) -> jax.Array:
+        """For each sender lane, how many copies of its key come before it in the batch
+        (0 without deduplication): the occurrence it is among those its sent lane stood
+        for."""
+        return jnp.zeros(active.shape, jnp.int32)
 
     def back(self, exchange: Exchange, answer: Any, fill: Any = 0) -> Any:
         """Answers (one per received lane; an array, or a tuple of arrays) back to the lanes
@@ -132,10 +155,10 @@ class LocalRouter(Router):
     def __init__(self, shard_size: int = 0):
         self.shard_size = shard_size
 
-    def keys(self, words, active, extra=()):
-        return Exchange((words, extra), active)
+    def keys(self, words, active, extra=(), dedup=False):
+        return Exchange((words, extra), active)  # nothing moves: nothing to deduplicate
 
-    def slots(self, slots, active, extra=()):
+    def slots(self, slots, active, extra=(), dedup=False):
         return Exchange((jnp.where(active, slots, -1), extra), active)
 
     def back(self, exchange, answer, fill=0):
@@ -167,12 +190,23 @@ class AxisRouter(Router):
     """One shard of a table laid along the mesh axis ``axis`` (inside ``shard_map``), with
     routing buffers of ``capacity`` lanes per destination."""
 
+    moves = True
+
     def __init__(self, axis: str, num_shards: int, shard_size: int, capacity: int):
         self.axis, self.num_shards, self.shard_size = axis, num_shards, shard_size
         self.capacity = capacity
 
-    def _send(self, payload: Any, owner: jax.Array, active: jax.Array) -> Exchange:
-        plan = _plan(owner, active, self.num_shards, self.capacity)
+    def _send(self, payload: Any, owner: jax.Array, active: jax.Array,
+              words: Words64 | None = None) -> Exchange:
+        """``payload`` to ``owner``; with ``words`` (the lanes' keys) each distinct key once."""
+        first, weights, send = None, None, active
+        if words is not None:
+            first = first_occurrences(words, active)
+            send = active & (first == jnp.arange(first.shape[0], dtype=jnp.int32))
+            weights = jnp.zeros(first.shape[0], jnp.int32).at[
+                jnp.where(active, first, first.shape[0])].add(1, mode="drop")
+            payload = (payload, weights)
+        plan = _plan(owner, send, self.num_shards, self.capacity)
         lanes = self.num_shards * self.capacity
 
         def scatter(x):
@@ -181,24 +215,35 @@ class AxisRouter(Router):
 
         arrived = jnp.ones(owner.shape[0], bool)
         received, arrived = _exchange_tree(jax.tree.map(scatter, (payload, arrived)), self.axis)
-        # One gather of both counts: the fullest buffer anywhere, the lanes lost everywhere.
-        counts = self.every(jnp.stack([plan.needed, jnp.sum(active & ~plan.served,
+        if first is not None:
+            received, weights = received
+        served = plan.served if first is None else take(plan.served, first) & active
+        # One psum for both counts: the fullest buffer anywhere, the lanes lost everywhere.
+        counts = self.every(jnp.stack([plan.needed, jnp.sum(active & ~served,
                                                             dtype=jnp.int32)]))
-        self.report = (plan.served, jnp.max(counts[:, 0]), jnp.sum(counts[:, 1]))
-        return Exchange(received, arrived, plan)
+        self.report = (served, jnp.max(counts[:, 0]), jnp.sum(counts[:, 1]))
+        return Exchange(received, arrived, plan, weights, first)
 
-    def keys(self, words, active, extra=()):
+    def keys(self, words, active, extra=(), dedup=False):
         return self._send((words, extra), owner_shard(words.lo, words.hi, self.num_shards),
-                          active)
+                          active, words if dedup else None)
 
-    def slots(self, slots, active, extra=()):
+    def slots(self, slots, active, extra=(), dedup=False):
         owner = jnp.where(slots >= 0, slots // self.shard_size, 0)
         local = jnp.where(slots >= 0, slots % self.shard_size, -1)
-        return self._send((local, extra), owner, active)
+        as_key = Words64(slots.astype(jnp.uint32), jnp.zeros(slots.shape, jnp.uint32))
+        return self._send((local, extra), owner, active, as_key if dedup else None)
+
+    def copy_rank(self, exchange, active):
+        if exchange.fan is None:
+            return jnp.zeros(active.shape, jnp.int32)
+        return group_prefix(exchange.fan, active, jnp.ones(active.shape, jnp.int32))
 
     def back(self, exchange, answer, fill=0):
         lanes = self.num_shards * self.capacity
         position = exchange.plan.position
+        if exchange.fan is not None:  # every copy takes its first's answer
+            position = take(position, exchange.fan)
         home = _exchange_tree(answer, self.axis)
         served = position < lanes
 
