@@ -3,8 +3,8 @@
 The checks live in ``tests/sharded_checks.py`` and run in ONE child process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must precede the child's
 jax import; this process keeps its single device). At the same time two more processes
-(``tests/sharded_multiprocess.py``, ``jax.distributed`` with gloo, 2 devices each) train
-and save a table; the 8-device child's last check compares that checkpoint with one
+(``tests/sharded_multiprocess.py``, ``jax.distributed`` with gloo, 4 devices each) train
+and save a table with a jitted step; the 8-device child's last check compares that checkpoint with one
 unsharded table, so its reference programs are those the child compiled already. The
 children compile with XLA's backend optimisation off: the checks compare results, not
 speed, and compiling (which dominates their time) takes half as long.
@@ -42,7 +42,7 @@ def _two_processes(out) -> tuple[list, list]:
     port = str(_free_port())
     logs = [open(out / f"process-{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sharded_multiprocess.py"),
-                               str(i), port, str(out)], env=_env(2), stdout=log,
+                               str(i), port, str(out)], env=_env(4), stdout=log,
                               stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
     return procs, logs
 
