@@ -173,3 +173,35 @@ def test_find_of_a_crowded_batch_equals_the_xla_walks():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     found = got[0][1]
     assert 2500 < int(found.sum()) < found.size
+
+
+def test_walks_stop_at_the_probe_limit_and_count_the_key():
+    """A run of used slots longer than the probe bound: a key whose home lies in it is not
+    placed even though free slots lie beyond (counted, never silent), a key beyond the run
+    still is, and the native and xla walks agree; a full table costs a bounded walk."""
+    from jaxops.ops.hashtable.probe import PROBE_LIMIT
+
+    size = 2 * PROBE_LIMIT
+    run = PROBE_LIMIT + 64  # slots [0, run) hold keys 10**9 + slot, homes ignored
+    t = ht.init_table(size, 1, initializer_mode="constant")
+    used = np.arange(size) < run
+    t = t.replace(key_lo=jnp.where(used, jnp.arange(size, dtype=jnp.uint32) + 10**9,
+                                   t.key_lo), key_hi=jnp.where(used, 0, t.key_hi),
+                  flags=jnp.where(used, jnp.uint8(ht.cann.VALID), t.flags),
+                  live=jnp.int32(run))
+    t = ht.set_load_policy(t, max_load_factor=1.0)
+    cand = np.arange(200_000, dtype=np.int64)
+    home = np.asarray(ht.cann.home_slot(*ht.words.as_words(cand), size))
+    inside = cand[home < 8][:1]  # walks from the run's start: past PROBE_LIMIT used slots
+    outside = cand[(home > run + 10) & (home < size - 10)][:1]
+    keys = np.concatenate([inside, outside])
+
+    def insert():
+        new, _, info = jax.jit(ht.lookup_or_insert)(t, ht.words.as_words(keys))
+        return info.slots, info.unplaced, new.dropped.lo
+
+    got, want = _both_paths(insert)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    slots, unplaced, dropped = got
+    assert slots[0] == -1 and slots[1] >= run and int(unplaced) == 1 == int(dropped)

@@ -22,6 +22,7 @@ of keys not served, so it is then required).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -33,6 +34,7 @@ from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.batch import flat_words, key_batch, live_slots, shaped
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.placement import placement_of, run_routed
+from jaxops.ops.hashtable.probe import probe_limit
 from jaxops.ops.hashtable.route import RouteInfo
 from jaxops.ops.hashtable.row_gather import SLOTS, check_slots, gather_rows, probed_rows
 from jaxops.ops.hashtable.table import HashTable
@@ -56,6 +58,7 @@ def read_rows(table: HashTable, words, active: jax.Array, default_value: float,
     native pass (probe and read) where the walks are native and every lane is a key."""
     fused = walk_kernel("find_rows") if want_rows else None
     if fused is not None:
+        fused = functools.partial(fused, limit=probe_limit(table.bucket_size))
         rows, slots = probed_rows(fused, table.values, (table.key_lo, table.key_hi, table.flags,
                                                         words.lo, words.hi), default_value)
         slots = jnp.where(active, slots, -1)  # padding lanes hold no key
