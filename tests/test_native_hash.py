@@ -205,3 +205,16 @@ def test_walks_stop_at_the_probe_limit_and_count_the_key():
         np.testing.assert_array_equal(g, w)
     slots, unplaced, dropped = got
     assert slots[0] == -1 and slots[1] >= run and int(unplaced) == 1 == int(dropped)
+
+
+def test_a_loaded_table_with_a_key_beyond_the_probe_bound_is_refused():
+    from jaxops.ops.hashtable.probe import PROBE_LIMIT
+    from jaxops.ops.hashtable.probe_check import ProbeCheck
+
+    size, run = 2 * PROBE_LIMIT, PROBE_LIMIT + 2
+    flags = (np.arange(size) < run).astype(np.uint8)
+    keys = np.arange(size, dtype=np.uint32)
+    check = ProbeCheck(size)  # every key's home is slot 0: the last ones lie too far
+    with pytest.raises(ValueError, match=rf"slot {PROBE_LIMIT} lies {PROBE_LIMIT} slots past "
+                                         rf"its home slot, beyond the probe bound"):
+        check.feed(0, keys, np.zeros(size, np.uint32), flags, home=np.zeros(size, np.int64))
