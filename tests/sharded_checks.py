@@ -540,6 +540,22 @@ def a_collection_on_a_mesh_trains_as_on_one_device():
 
 
 @check
+def the_training_recipe_on_8_devices_equals_one_device():
+    # examples/training_recipe.py: a jitted, donated step with maintain between steps; the
+    # table grows with its optimizer state on 8 shards as on one device, losses bit for bit.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "examples"))
+    import training_recipe
+
+    runs = [training_recipe.main(steps=12, batch=128, slots=1024, policy="grow", devices=d)
+            for d in (1, 8)]
+    assert runs[1]["devices"] == 8 and runs[0]["grown"] >= 1, runs
+    for name in ("first_loss", "last_loss", "live", "slots", "lost"):
+        assert runs[0][name] == runs[1][name], (name, runs)
+    assert runs[1]["route_capacity"] is not None
+
+
+@check
 def two_processes_match_one_table():
     """Last: the 2-process run (tests/sharded_multiprocess.py, started by the parent test
     alongside this child) has saved its table; the parent writes one line on stdin once

@@ -58,6 +58,16 @@ def test_sharded_embedding():
     assert out["route_capacity"] == 1 << (distinct - 1).bit_length() < 128  # a power of two
 
 
+@pytest.mark.parametrize("policy", ["grow", "evict"])
+def test_training_recipe(policy):
+    out = load("training_recipe").main(steps=16, batch=128, slots=1024, policy=policy)
+    assert out["lost"] == 0 and out["last_loss"] < out["first_loss"]
+    if policy == "grow":
+        assert out["grown"] >= 1 and out["slots"] > 1024 and out["compiles"] == 1 + out["grown"]
+    else:
+        assert out["evicted"] > 0 and out["slots"] == 1024 and out["compiles"] == 1
+
+
 def test_click_model(tmp_path):
     module = load("click_model")
     rng = np.random.default_rng(0)  # the rank AUC against counting every (positive, negative) pair

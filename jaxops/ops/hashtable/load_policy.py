@@ -298,8 +298,10 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
         table: the table (any placement).
         states: the optimizer states beside it, as ``(state, init)`` with ``init`` the
             function that makes that state for a table (``opt.init``, ``adam_w_init``).
-        headroom: live keys the next steps may add (e.g. twice the most new keys a step
-            inserted); the policy keeps that much room below the limit.
+        headroom: live keys the next steps may add to the table (e.g. twice the most new
+            keys a step inserted); the policy keeps that much room below the limit (on a
+            mesh, each shard its share: new keys spread over the shards by hash, so the
+            share is ``headroom / shards`` plus three standard deviations).
         lost: keys the steps since the last call could not place (the sum of their
             ``info.unplaced``), reported and, with ``"error"``, refused.
         route_needed: the largest routing buffer the steps since the last call needed (the
@@ -325,8 +327,8 @@ def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroo
     route_needed = check_int(op, "route_needed", route_needed, 0, 2**31 - 1)
     table = _sized_routes(place, table, route_needed)
     live = place.per_shard(storage.live)
-    demand = LoadDemand(live + headroom, np.full(1, -1, np.int32), storage.max_live,
-                        storage.bucket_size)
+    demand = LoadDemand(live + _per_shard(headroom, live.size), np.full(1, -1, np.int32),
+                        storage.max_live, storage.bucket_size)
     report = Maintenance("none", int(live.sum()), table.bucket_size, 0, 0, lost,
                          getattr(table, "route_capacity", None))
     policy = storage.load_policy
@@ -369,3 +371,12 @@ def _sized_routes(place: Placement, table: Any, route_needed: int) -> Any:
     want = 1 << (2 * route_needed - 1).bit_length()
     have = table.route_capacity
     return table if have is not None and have >= want else table.replace(route_capacity=want)
+
+
+def _per_shard(headroom: int, shards: int) -> int:
+    """The room one of ``shards`` shards keeps for ``headroom`` new keys spread by hash:
+    the mean share plus three binomial standard deviations."""
+    if shards == 1:
+        return headroom
+    share = headroom / shards
+    return int(np.ceil(share + 3.0 * np.sqrt(share * (1 - 1 / shards)))) if headroom else 0
