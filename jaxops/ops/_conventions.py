@@ -1,5 +1,5 @@
 """Conventions every dynamic-shape operator shares: index dtype, capacity attribute, fill
-values, shape checks, NMS thresholds.
+values, shape checks, NMS thresholds and limits.
 
 One home, so no operator file imports another for them.
 
@@ -23,8 +23,9 @@ from jaxops.core.numerics import INDEX_FILL
 from jaxops.core.registry import AttrDef
 
 __all__ = [
-    "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "NMS_MODES", "SCORE_THRESHOLD", "VALUE_FILL",
-    "capacity_attr", "check_shape", "index_datatype", "index_dtype",
+    "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "MAX_DETECTIONS", "NMS_INDEX_OUTPUT",
+    "NMS_MODES", "PRE_NMS_TOP_K", "SCORE_THRESHOLD", "VALUE_FILL", "capacity_attr",
+    "check_shape", "index_datatype", "index_dtype", "iou_threshold_attr",
 ]
 
 #: Padding of value outputs (selected elements, unique values) and of counts.
@@ -34,10 +35,32 @@ ELEMENT_DTYPES = ALL_NUMERIC | {DataType.COMPLEX64, DataType.COMPLEX128}
 #: Impl modes of the NMS family.
 NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
 
-IOU_THRESHOLD = AttrDef("iou_threshold", "float", 0.0, check=lambda t: 0.0 <= t <= 1.0,
-                        expected="a float in [0, 1] (as ONNX Runtime requires)")
-SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
-                          check=lambda t: not math.isnan(t), expected="a float (not NaN) or None")
+
+
+def iou_threshold_attr(why: str = "", **changes) -> AttrDef:
+    """The NMS IoU threshold: a float in ``[0, 1]`` or a traced scalar (an operand: one
+    compile for every value). ``why`` says who requires the range, in the error."""
+    expected = "a float in [0, 1]" + (f" ({why})" if why else "") + " or a float JAX scalar"
+    return AttrDef("iou_threshold", "float", changes.pop("default", 0.0),
+                   check=lambda t: 0.0 <= t <= 1.0, expected=expected, traced=True, **changes)
+
+
+IOU_THRESHOLD = iou_threshold_attr()
+SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True, traced=True,
+                          check=lambda t: not math.isnan(t),
+                          expected="a float (not NaN), a float JAX scalar, or None")
+MAX_DETECTIONS = AttrDef(
+    "max_detections", "int", None, optional=True, check=lambda k: k >= 0,
+    expected="an int >= 0 or None (the most detections per image, over all classes)",
+    doc="per-image cap over all classes, the best by score (torchvision detections_per_img, "
+        "TensorRT keepTopK)")
+PRE_NMS_TOP_K = AttrDef(
+    "pre_nms_top_k", "int", None, optional=True, check=lambda k: k >= 1,
+    expected="an int >= 1 or None (the most candidates per image)",
+    doc="candidate capacity per image: the best by score enter NMS, the number cut is reported")
+#: What every NMS operator whose output is a DynArray of indices declares.
+NMS_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [index_datatype()], impl_modes=NMS_MODES,
+                        data_dependent=True, fill_values=[INDEX_FILL])
 
 
 def index_dtype() -> np.dtype:

@@ -1,0 +1,113 @@
+"""The xla NMS of one image, start to end: candidates, orders, bitmask, limits.
+
+:func:`detect` is what the NMS operators' xla kernels run, each with its own scores layout,
+box decoding, groups and limits (see :mod:`.candidates` for the steps and
+:mod:`.bitmask` for the suppression). Everything is data-parallel over the images
+(``P``) and the candidates, except the bitmask's walk over 64-candidate blocks.
+
+>>> import jax.numpy as jnp
+>>> from jaxops.ops.nms.iou import decode_boxes
+>>> boxes = decode_boxes(jnp.array([[[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]]]))
+>>> scores = jnp.array([[0.9, 0.8, 0.7]])
+>>> d = detect(lambda f: boxes.map(lambda x: jnp.take_along_axis(x, f, 1)),
+...            priority_keys(scores), scores > 0, lambda f: f * 0, capacity=3,
+...            iou_threshold=0.5)
+>>> d.flat.tolist(), d.kept.tolist()     # by priority: boxes 0 and 2 kept
+([[0, 1, 2]], [[True, False, True]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.capacity.policy import warn_once
+from jaxops.core.dynarray import DynArray
+from jaxops.ops.nms.bitmask import bitmask_nms
+from jaxops.ops.nms.candidates import apply_limits, orders, priority_keys, select
+from jaxops.ops.nms.iou import Boxes
+
+__all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "warn_if_cut"]
+
+
+class Detections(NamedTuple):
+    """NMS of ``P`` images over ``K`` candidate slots each, by priority (rank ``r``):
+
+    - ``flat[p, r]``: the element of rank ``r`` (meaningless where not ``kept``);
+    - ``kept[p, r]``: kept, within the limits;
+    - ``by_group[p, s]``: the rank at position ``s`` of the group-major order (ONNX's
+      output order: class, then score);
+    - ``count``, ``cut`` (``[P]`` int32): candidates that passed the score filter, and
+      those the capacity cut (the lowest by priority).
+    """
+
+    flat: jax.Array
+    kept: jax.Array
+    by_group: jax.Array
+    count: jax.Array
+    cut: jax.Array
+
+    def kept_by_group(self) -> jax.Array:
+        """``kept`` in group-major order."""
+        return jnp.take_along_axis(self.kept, self.by_group, axis=1)
+
+    def flat_by_group(self) -> jax.Array:
+        """``flat`` in group-major order."""
+        return jnp.take_along_axis(self.flat, self.by_group, axis=1)
+
+
+def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax.Array,
+           groups_of: Callable[[jax.Array], jax.Array], *, capacity: int, iou_threshold,
+           inclusive: bool = False, group_bound: int | None = None,
+           per_group: int | None = None, total: int | None = None) -> Detections:
+    """Greedy NMS per image over its scored elements.
+
+    Args:
+      boxes_of: element indices ``[P, K]`` -> their decoded boxes (fields ``[P, K]``).
+      keys: ``[P, M]`` priority keys (:func:`priority_keys`), larger first, ties to the
+        lower element.
+      passing: ``[P, M]`` bool, the elements that passed the score filter.
+      groups_of: element indices -> int group (class) of each; a box suppresses boxes of
+        its own group only.
+      capacity: ``K``, the most candidates per image (the best by priority are kept).
+      iou_threshold: a float or traced scalar; ``inclusive``: TensorRT's ``IoU >= t``.
+      group_bound: a static ``G`` with ``0 <= group < G`` when known (a faster sort).
+      per_group: the most kept per group (``None``: no limit).
+      total: the most kept per image, the best by priority (``None``: no limit).
+    """
+    cands = select(keys, passing, min(capacity, keys.shape[1]))
+    slot_keys = jnp.take_along_axis(keys, cands.flat, axis=1)
+    groups = groups_of(cands.flat).astype(jnp.int32)
+    order = orders(slot_keys, cands, groups, group_bound)
+    slot_g = jnp.take_along_axis(order.by_priority, order.by_group, axis=1)  # group-major
+    flat_g = jnp.take_along_axis(cands.flat, slot_g, axis=1)
+    valid_g = jnp.take_along_axis(cands.valid, slot_g, axis=1)
+    groups_g = jnp.where(valid_g, jnp.take_along_axis(groups, slot_g, axis=1),
+                         jnp.iinfo(jnp.int32).max)
+    kept_g = bitmask_nms(boxes_of(flat_g), valid_g, groups_g, iou_threshold,
+                         inclusive=inclusive)
+    kept = apply_limits(kept_g, groups_g, order.by_group, per_group, total)
+    flat = jnp.take_along_axis(cands.flat, order.by_priority, axis=1)
+    return Detections(flat, kept, order.by_group, cands.count, cands.cut)
+
+
+def tracks_true_shape(size: int | None, pre_nms_top_k: int | None, elements: int) -> bool:
+    """Whether an NMS output carries a true shape: a capacity that can cut it (``size``)
+    or a candidate capacity below the ``elements`` an image has."""
+    return size is not None or (pre_nms_top_k is not None and pre_nms_top_k < elements)
+
+
+def warn_if_cut(result: DynArray, op: str, size: int | None) -> None:
+    """Eagerly, without a capacity of its own (``size``), an NMS result overflows only when
+    ``pre_nms_top_k`` cut candidates that could have been kept: say so once per call site."""
+    if size is None and result.true_shape is not None \
+            and not isinstance(result.data, jax.core.Tracer):
+        lost = int(np.sum(np.asarray(result.lost(axis=0))))
+        if lost:
+            warn_once(f"{op}: pre_nms_top_k cut candidates that could have been kept: up to "
+                      f"{lost} results may be missing (DynArray.lost(axis=0) bounds them, "
+                      "inside jit too). Pass a larger pre_nms_top_k.")
