@@ -1,5 +1,5 @@
 """Conventions every dynamic-shape operator shares: index dtype, capacity attribute, fill
-values, shape checks, NMS thresholds and limits.
+values, shape checks, NMS thresholds and limits, DynArray inputs.
 
 One home, so no operator file imports another for them.
 
@@ -12,11 +12,14 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.dtypes import ALL_NUMERIC, DataType
+from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import INDEX_FILL
@@ -24,8 +27,9 @@ from jaxops.core.registry import AttrDef
 
 __all__ = [
     "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "MAX_DETECTIONS", "NMS_INDEX_OUTPUT",
-    "NMS_MODES", "PRE_NMS_TOP_K", "SCORE_THRESHOLD", "VALUE_FILL", "capacity_attr",
-    "check_shape", "index_datatype", "index_dtype", "iou_threshold_attr",
+    "NMS_MODES", "PRE_NMS_TOP_K", "SCORE_THRESHOLD", "VALUE_FILL", "ValidInput",
+    "capacity_attr", "check_shape", "index_datatype", "index_dtype", "iou_threshold_attr",
+    "read_input", "with_upstream_loss",
 ]
 
 #: Padding of value outputs (selected elements, unique values) and of counts.
@@ -91,3 +95,62 @@ def check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> Non
     """
     if not ok:
         raise OpArgumentError(op, arg, f"shape {expected}", f"shape {list(shape)}")
+
+
+# -- DynArray inputs ------------------------------------------------------------------------
+class ValidInput(NamedTuple):
+    """An operator input read as an array plus where it is valid: ``data`` (a DynArray's
+    max-shape buffer, or the array itself), ``valid`` (bool like ``data``, ``None`` when all
+    of it is), ``lost`` (int32: elements an overflowed DynArray lost upstream; ``None`` when
+    it cannot have lost any), ``rows``/``true_rows`` (int32: its valid and true length
+    along axis 0; ``None`` for a plain array)."""
+
+    data: Any
+    valid: jax.Array | None
+    lost: jax.Array | None
+    rows: jax.Array | None
+    true_rows: jax.Array | None
+
+
+def read_input(op: str, arg: str, x: Any) -> ValidInput:
+    """``x`` as an operator reads it: a DynArray's valid region only (its leading block),
+    with what it lost upstream, so the operator can carry an overflow on; any other value
+    as it is.
+
+    >>> d = DynArray(jnp.array([5, 7, 0]), [2], true_shape=[4])
+    >>> v = read_input("Doc", "x", d)
+    >>> v.valid.tolist(), int(v.lost), int(v.rows), int(v.true_rows)
+    ([True, True, False], 2, 2, 4)
+    """
+    if not isinstance(x, DynArray):
+        return ValidInput(x, None, None, None, None)
+    if x.batch_shape:
+        raise OpArgumentError(op, arg, "an array or an unbatched DynArray",
+                              f"a DynArray with batch shape {x.batch_shape}",
+                              "Call the operator inside jax.vmap over the batch.")
+    if x.ndim == 0:
+        return ValidInput(x.data, None, None, None, None)
+    true = x.true_shape
+    return ValidInput(x.data, x.valid_mask(), None if true is None else x.lost(),
+                      x.actual_shape[0], None if true is None else true[0])
+
+
+def with_upstream_loss(result: DynArray, lost: jax.Array | None, axis: int,
+                       limit: int | jax.Array | None = None) -> DynArray:
+    """``result`` whose true shape also counts what an overflowed input lost: each lost
+    input element could have added one result along ``axis`` (at most ``limit`` in all),
+    so ``true_shape`` becomes an upper bound and ``overflowed()`` says the result may be
+    incomplete. ``lost=None`` (nothing could be lost) returns ``result`` as it is.
+
+    >>> r = DynArray(jnp.array([0, -1]), [1])
+    >>> with_upstream_loss(r, jnp.int32(3), 0, limit=2).true_shape.tolist()
+    [2]
+    """
+    if lost is None:
+        return result
+    true = result.actual_shape if result.true_shape is None else result.true_shape
+    bound = true[..., axis] + jnp.asarray(lost, jnp.int32)
+    if limit is not None:
+        bound = jnp.maximum(jnp.minimum(bound, limit), true[..., axis])
+    return DynArray(result.data, result.actual_shape, true_shape=true.at[..., axis].set(bound),
+                    fill_value=result.fill_value)

@@ -30,11 +30,13 @@ from jaxops.core.narrowing import check_fits
 from jaxops.core.numerics import compute_dtype
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, IOU_THRESHOLD, NMS_INDEX_OUTPUT, PRE_NMS_TOP_K,
-                                     SCORE_THRESHOLD, check_shape, index_dtype)
+                                     SCORE_THRESHOLD, check_shape, index_dtype,
+                                     with_upstream_loss)
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.nms.candidates import score_candidates
 from jaxops.ops.nms.iou import decode_boxes
-from jaxops.ops.nms.pipeline import detect, priority_keys, tracks_true_shape, warn_if_cut
+from jaxops.ops.nms.pipeline import (detect, priority_keys, tracks_true_shape, valid_candidates,
+                                     warn_if_cut)
 
 __all__ = ["BATCHED_NMS", "batched_nms", "nms"]
 
@@ -127,7 +129,10 @@ def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array,
         reordered, where torchvision would compute negative areas).
       scores: ``[N]`` float.
       idxs: ``[N]`` integer class id of each box; boxes of different ids never suppress
-        each other.
+        each other. ``boxes``, ``scores`` and ``idxs`` may be DynArrays (e.g. gathered
+        with the indices of ``jaxops.nonzero(..., size=)``): only rows in every valid region
+        are candidates, and rows lost upstream count in the result's ``true_shape`` (an
+        upper bound then), so ``overflowed()`` reports them.
       iou_threshold: in ``[0, 1]``; suppress boxes with IoU strictly greater. A float JAX
         scalar (traced or not) is an operand: one compile serves every value.
       max_output_size: the most kept over all classes, the best by score: the per-image
@@ -155,9 +160,11 @@ def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array,
       [0, 2]
     """
     _shapes("batched_nms", boxes, scores, idxs)
-    result = BATCHED_NMS(boxes, scores, idxs, iou_threshold=iou_threshold,
+    scores, boxes, extra, lost = valid_candidates("batched_nms", scores, boxes, 1, idxs=idxs)
+    result = BATCHED_NMS(boxes, scores, extra["idxs"], iou_threshold=iou_threshold,
                          max_output_size=max_output_size, score_threshold=score_threshold,
                          pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode, backend=backend)[0]
+    result = with_upstream_loss(result, lost, 0, limit=result.max_shape[0])
     warn_if_cut(result, "batched_nms", None)
     return result
 
@@ -195,6 +202,7 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float | jax.Array, *
       [1]
     """
     _shapes("nms", boxes, scores)
+    scores, boxes, _, lost = valid_candidates("nms", scores, boxes, 1)
     check_fits("nms", "boxes", boxes)  # before jnp.asarray narrows them
     check_fits("nms", "scores", scores)
     boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
@@ -208,5 +216,6 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float | jax.Array, *
                          else _limit("nms", max_output_size),
                          score_threshold=score_threshold, pre_nms_top_k=pre_nms_top_k,
                          impl_mode=impl_mode, backend=backend)[0]
+    result = with_upstream_loss(result, lost, 0, limit=result.max_shape[0])
     warn_if_cut(result, "nms", None)
     return result

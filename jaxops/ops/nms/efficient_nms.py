@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.dtypes import FLOATING, DataType
+from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
@@ -197,6 +198,12 @@ def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,
       ...                      score_threshold=0.2, pre_nms_top_k=2).candidates_cut.tolist()
       [[2]]
     """
+    for arg, x in (("boxes", boxes), ("scores", scores)):
+        if isinstance(x, DynArray):
+            raise OpArgumentError("EfficientNMS", arg, "an array (TensorRT's fixed-size ports)",
+                                  "a DynArray", "Pass x.valid_data(fill) with a fill that is "
+                                  "never a candidate (a score below score_threshold), or use "
+                                  "jaxops.non_max_suppression, which takes DynArrays.")
     return EfficientNMSOutput(*EFFICIENT_NMS(
         boxes, scores, max_output_boxes=max_output_boxes, iou_threshold=iou_threshold,
         score_threshold=score_threshold, class_agnostic=class_agnostic, box_coding=box_coding,

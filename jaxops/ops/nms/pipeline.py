@@ -27,11 +27,13 @@ import numpy as np
 
 from jaxops.capacity.policy import warn_once
 from jaxops.core.dynarray import DynArray
+from jaxops.ops._conventions import read_input
 from jaxops.ops.nms.bitmask import bitmask_nms
 from jaxops.ops.nms.candidates import apply_limits, orders, priority_keys, select
 from jaxops.ops.nms.iou import Boxes
 
-__all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "warn_if_cut"]
+__all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "valid_candidates",
+           "warn_if_cut"]
 
 
 class Detections(NamedTuple):
@@ -103,11 +105,39 @@ def tracks_true_shape(size: int | None, pre_nms_top_k: int | None, elements: int
 
 def warn_if_cut(result: DynArray, op: str, size: int | None) -> None:
     """Eagerly, without a capacity of its own (``size``), an NMS result overflows only when
-    ``pre_nms_top_k`` cut candidates that could have been kept: say so once per call site."""
+    candidates that could have been kept were cut by ``pre_nms_top_k`` or lost upstream (an
+    overflowed DynArray input): say so once per call site."""
     if size is None and result.true_shape is not None \
             and not isinstance(result.data, jax.core.Tracer):
         lost = int(np.sum(np.asarray(result.lost(axis=0))))
         if lost:
-            warn_once(f"{op}: pre_nms_top_k cut candidates that could have been kept: up to "
-                      f"{lost} results may be missing (DynArray.lost(axis=0) bounds them, "
-                      "inside jit too). Pass a larger pre_nms_top_k.")
+            warn_once(f"{op}: candidates that could have been kept were cut by pre_nms_top_k "
+                      f"or lost upstream: up to {lost} results may be missing "
+                      "(DynArray.lost(axis=0) bounds them, inside jit too). Pass a larger "
+                      "pre_nms_top_k, or a larger capacity upstream.")
+
+
+def valid_candidates(op: str, scores, boxes, per_box: int, **extra):
+    """NMS inputs of which any may be a DynArray, read in their valid regions only.
+
+    Returns ``(scores, boxes, extra, lost)``: the arrays, the scores NaN (never a
+    candidate) outside a valid region — the scores', or a box's (``boxes [..., N, 4]``, or
+    an ``extra`` input ``[N]`` such as class ids); ``lost`` (int32, or ``None`` when no input
+    overflowed) bounds the candidates lost upstream: the scores' lost elements, and
+    ``per_box`` (the scores of a box) for every lost box or extra entry.
+    """
+    given = read_input(op, "scores", scores)
+    rest = {"boxes": read_input(op, "boxes", boxes)} | {k: read_input(op, k, v)
+                                                         for k, v in extra.items()}
+    valid, lost = given.valid, [] if given.lost is None else [given.lost]
+    for name, r in rest.items():
+        if r.valid is not None:
+            rows = jnp.all(r.valid, axis=-1) if name == "boxes" else r.valid   # [..., N]
+            rows = rows[..., None, :] if rows.ndim < given.data.ndim else rows
+            valid = rows if valid is None else valid & rows
+        if r.lost is not None:
+            lost.append((r.lost // 4 if name == "boxes" else r.lost) * per_box)
+    data = given.data if valid is None else \
+        jnp.where(valid, given.data, jnp.asarray(jnp.nan, given.data.dtype))
+    return (data, rest["boxes"].data, {k: rest[k].data for k in extra},
+            sum(lost) if lost else None)

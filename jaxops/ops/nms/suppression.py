@@ -59,11 +59,12 @@ from jaxops.core.numerics import compute_dtype
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, MAX_DETECTIONS, NMS_INDEX_OUTPUT, PRE_NMS_TOP_K,
                                      SCORE_THRESHOLD, check_shape, index_dtype,
-                                     iou_threshold_attr)
+                                     iou_threshold_attr, with_upstream_loss)
 from jaxops.ops.compaction import compact_indices
 from jaxops.ops.nms.candidates import score_candidates
 from jaxops.ops.nms.iou import decode_boxes
-from jaxops.ops.nms.pipeline import detect, priority_keys, tracks_true_shape, warn_if_cut
+from jaxops.ops.nms.pipeline import (detect, priority_keys, tracks_true_shape, valid_candidates,
+                                     warn_if_cut)
 
 __all__ = ["NON_MAX_SUPPRESSION", "non_max_suppression"]
 
@@ -198,7 +199,10 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
     Args:
       boxes: ``[num_batches, N, 4]`` float; ``[y1, x1, y2, x2]`` (any diagonal corner pair),
         or ``[x_center, y_center, width, height]`` with ``center_point_box=1``.
-      scores: ``[num_batches, num_classes, N]`` float (a YOLOv8 head's layout).
+      scores: ``[num_batches, num_classes, N]`` float (a YOLOv8 head's layout). Either may
+        be a :class:`DynArray`: only boxes and scores in its valid region are candidates,
+        and the candidates it lost upstream count in the result's ``true_shape`` (an upper
+        bound then), so ``overflowed()`` reports them.
       max_output_boxes_per_class: most boxes kept per batch and class; **0 selects nothing**
         (the ONNX default; ONNX Runtime agrees).
       iou_threshold: in ``[0, 1]``; a box is suppressed when its IoU with a kept box of the
@@ -251,24 +255,27 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
       >>> jaxops.refresh(f(jnp.float32(0.95))).tolist()   # traced threshold, capped at 1
       [[0, 0, 0]]
     """
+    b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
+    limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
+                                                     (int, np.integer)) else n
+    cap = max_detections if isinstance(max_detections, (int, np.integer)) else None
+    scores, boxes, _, lost = valid_candidates("NonMaxSuppression", scores, boxes, per_box=c)
+
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
-        return NON_MAX_SUPPRESSION(
+        out = NON_MAX_SUPPRESSION(
             boxes, scores, max_output_boxes_per_class=max_output_boxes_per_class,
             iou_threshold=iou_threshold, score_threshold=score_threshold,
             center_point_box=center_point_box, size=capacity, max_detections=max_detections,
             pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode,
             backend=rerun_backend or backend)[0]
+        return with_upstream_loss(out, lost, 0, limit=_onnx_capacity(b, c, n, limit, cap, None)[2])
 
-    b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
     if isinstance(max_output_boxes_per_class, (int, np.integer)) and \
             max_output_boxes_per_class == 0 and b * c * n:
         # ONNX's default, kept for conformance; a silent empty result surprises users.
         warnings.warn("NonMaxSuppression: max_output_boxes_per_class is 0 (ONNX's default), so "
                       "no box is selected; pass the number of boxes to keep per class.",
                       UserWarning, stacklevel=2)
-    limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
-                                                     (int, np.integer)) else n
-    cap = max_detections if isinstance(max_detections, (int, np.integer)) else None
     result = run_with_policy(run, op="NonMaxSuppression", size=size,
                              theoretical_max=_onnx_capacity(b, c, n, limit, cap, None)[2],
                              policy=overflow, record=record,
