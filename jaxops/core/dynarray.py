@@ -296,6 +296,32 @@ class DynArray:
     __rtruediv__ = _elementwise(lambda x, y: y / x)
     del _op, _elementwise
 
+    def take(self, values, fill_value: Any = 0) -> "DynArray":
+        """``values[self.data]`` for a 1-D DynArray of indices (``nonzero``'s, ``unique``'s):
+        the rows of ``values`` it points to, as a DynArray with this one's actual and true
+        length (padding ``fill_value``), so the rows an overflowed index list lost stay
+        counted downstream (e.g. boxes and scores gathered for ``jaxops.batched_nms``).
+
+        >>> i = DynArray(jnp.array([2, 0, -1]), [2], true_shape=[3])
+        >>> r = i.take(jnp.array([[1, 1], [2, 2], [3, 3]]))
+        >>> r.data.tolist(), r.actual_shape.tolist(), r.true_shape.tolist()
+        ([[3, 3], [1, 1], [0, 0]], [2, 2], [3, 2])
+        """
+        if self.ndim != 1:
+            raise OpArgumentError("DynArray.take", "self", "a 1-D DynArray of indices",
+                                  f"max shape {self.max_shape}")
+        values = jnp.asarray(values)
+        rest = values.shape[1:]
+        taken = jnp.take(values, jnp.clip(self.data, 0, max(values.shape[0] - 1, 0)), axis=0)
+        inside = (jnp.arange(self.max_shape[0]) < self.actual_shape[..., :1]).reshape(
+            self.batch_shape + (self.max_shape[0],) + (1,) * len(rest))
+        tail = jnp.broadcast_to(jnp.asarray(rest, jnp.int32), self.batch_shape + (len(rest),))
+        true = None if self.true_shape is None else \
+            jnp.concatenate([self.true_shape, tail], axis=-1)
+        return DynArray(jnp.where(inside, taken, jnp.asarray(fill_value, values.dtype)),
+                        jnp.concatenate([self.actual_shape, tail], axis=-1), true_shape=true,
+                        fill_value=fill_value)
+
     def __neg__(self) -> "DynArray":
         return self.map(lambda x: -x)
 

@@ -169,7 +169,8 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
         out = MASKED_SELECT(x, mask, size=capacity, impl_mode=impl_mode,
                             backend=rerun_backend or backend)[0]
-        return with_upstream_loss(out, sum(lost) if lost else None, 0)
+        # the most either lost: an x and a mask cut by one capacity lose the same elements
+        return with_upstream_loss(out, jnp.max(jnp.stack(lost)) if lost else None, 0)
 
     total = math.prod(shape)
     return run_with_policy(run, op="MaskedSelect", size=size, theoretical_max=total, policy=overflow,

@@ -18,6 +18,7 @@ box decoding, groups and limits (see :mod:`.candidates` for the steps and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -123,8 +124,9 @@ def valid_candidates(op: str, scores, boxes, per_box: int, **extra):
     Returns ``(scores, boxes, extra, lost)``: the arrays, the scores NaN (never a
     candidate) outside a valid region — the scores', or a box's (``boxes [..., N, 4]``, or
     an ``extra`` input ``[N]`` such as class ids); ``lost`` (int32, or ``None`` when no input
-    overflowed) bounds the candidates lost upstream: the scores' lost elements, and
-    ``per_box`` (the scores of a box) for every lost box or extra entry.
+    overflowed) bounds the candidates lost upstream: the most any input lost — the scores'
+    lost elements, or ``per_box`` (the scores of a box) for every lost box or extra entry
+    (inputs gathered from one overflowed list lose the same rows, so the losses overlap).
     """
     given = read_input(op, "scores", scores)
     rest = {"boxes": read_input(op, "boxes", boxes)} | {k: read_input(op, k, v)
@@ -140,4 +142,4 @@ def valid_candidates(op: str, scores, boxes, per_box: int, **extra):
     data = given.data if valid is None else \
         jnp.where(valid, given.data, jnp.asarray(jnp.nan, given.data.dtype))
     return (data, rest["boxes"].data, {k: rest[k].data for k in extra},
-            sum(lost) if lost else None)
+            functools.reduce(jnp.maximum, lost) if lost else None)
