@@ -128,9 +128,8 @@ def _kernel(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold, 
     passing = score_candidates(flat, score_threshold, inclusive=True)
     if k == 0 or n * c == 0:
         cut = jnp.maximum(jnp.sum(passing, axis=1, dtype=jnp.int32) - pre_nms_top_k, 0)
-        return EfficientNMSOutput(jnp.zeros((b, 1), jnp.int32), jnp.zeros((b, k, 4), boxes.dtype),
-                                  jnp.zeros((b, k), scores.dtype), jnp.zeros((b, k), jnp.int32),
-                                  cut[:, None])
+        return (jnp.zeros((b, 1), jnp.int32), jnp.zeros((b, k, 4), boxes.dtype),
+                jnp.zeros((b, k), scores.dtype), jnp.zeros((b, k), jnp.int32), cut[:, None])
     center = box_coding == 1
 
     def raw(f):  # [B, K, 4]: the box of each element
@@ -147,7 +146,7 @@ def _kernel(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold, 
     element = jnp.take_along_axis(det.flat, pos, axis=1)                  # [B, K] by score
     slot = jnp.arange(k) < count[:, None]
     corners = decode_boxes(raw(element), center=center, reorder=False, dtype=dtype).corners()
-    return EfficientNMSOutput(
+    return (  # the ports in order (every backend's kernel returns a tuple)
         count[:, None],
         jnp.where(slot[..., None], corners, 0).astype(boxes.dtype),
         jnp.where(slot, jnp.take_along_axis(flat, element, axis=1), 0).astype(scores.dtype),
