@@ -154,6 +154,7 @@ struct Workspace {
   std::vector<Kept<F>> groups;               // kept boxes by (dense) group
   std::unordered_map<int32_t, int32_t> dense;  // group id -> slot (arbitrary ids)
   std::vector<int64_t> kept;                 // kept elements, by priority
+  std::vector<int64_t> class_start;          // ONNX rows: where each class's rows go
 
   static Workspace& of_thread() {
     thread_local Workspace ws;
@@ -186,19 +187,41 @@ inline U candidate_key(const F* score, bool has_st, bool inclusive, U st, U clea
 }
 
 // Every candidate of the n scores as a block item (key, element), in element order; one
-// pass, a stretch of 256 scores at a time: their keys (a loop that vectorises), then for
-// each 16 of them the AND of the keys (all bits set: no candidate there, the usual case),
-// and only then the items.
+// pass, a stretch of 256 scores at a time. A threshold at or above +0.0 (strict; above it
+// for TensorRT's >=) passes exactly the scores whose bits, read as a signed integer, lie in
+// (threshold's bits, +inf's]: two compares a score (a loop that vectorises), then for each
+// 16 of them the OR of those tests (none: the usual case), and the keys only where one
+// passed. Other thresholds test every key (the same loops on the keys).
 template <typename F, typename U = typename Workspace<F>::Key>
 void gather_candidates(const F* scores, int64_t n, bool has_st, bool inclusive, uint64_t st_key,
                        uint64_t cleared_bits, std::vector<typename Item<F>::T>& block) {
-  constexpr U none = ~U{0};
+  using S = std::make_signed_t<U>;
+  constexpr U none = ~U{0}, sign = U{1} << (8 * sizeof(U) - 1);
   constexpr int64_t kStretch = 256;
   const U st = static_cast<U>(st_key), cleared = static_cast<U>(cleared_bits);
+  const S inf = sizeof(F) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
+  // ordered bits (st) back to the float's bits; > +0.0's key: a positive float
+  const bool fast = has_st && (inclusive ? st > sign : st >= sign);
+  const S low = static_cast<S>(st & ~sign) - (inclusive ? 1 : 0);  // pass: low < bits <= inf
+  S bits[kStretch];
   U keys[kStretch];
   block.clear();
   for (int64_t i = 0; i < n; i += kStretch) {
     const int64_t len = std::min(kStretch, n - i);
+    if (fast) {
+      std::memcpy(bits, scores + i, len * sizeof(F));
+      for (int64_t at = 0; at < len; at += 16) {
+        const int64_t end = std::min<int64_t>(at + 16, len);
+        bool any = false;
+        for (int64_t j = at; j < end; ++j) any |= (bits[j] > low) & (bits[j] <= inf);
+        if (!any) continue;
+        for (int64_t j = at; j < end; ++j) {
+          const U k = candidate_key<F, U>(scores + i + j, has_st, inclusive, st, cleared);
+          if (k != none) block.push_back(Item<F>::make(k, i + j));
+        }
+      }
+      continue;
+    }
     for (int64_t j = 0; j < len; ++j)
       keys[j] = candidate_key<F, U>(scores + i + j, has_st, inclusive, st, cleared);
     for (int64_t at = 0; at < len; at += 16) {  // 16 at a time: AND, then items if any
@@ -278,7 +301,10 @@ int64_t walk(const F* scores, int64_t m, int64_t groups, const Rules& r, F iou_t
     const int64_t end = std::min(count, pos + chunk);
     if (end < count) std::nth_element(block.begin() + pos, block.begin() + end, block.end());
     std::sort(block.begin() + pos, block.begin() + end);
-    for (int64_t k = pos; more && k < end; ++k) more = visit(I::index(block[k]));
+    for (int64_t k = pos; more && k < end; ++k) {
+      if (k + 8 < end) __builtin_prefetch(box_of(I::index(block[k + 8])));  // boxes: a miss each
+      more = visit(I::index(block[k]));
+    }
     pos = end;
   }
   return count;
@@ -305,6 +331,27 @@ struct Thresholds {
   }
 };
 
+// body(i) for every image i in [0, n), claimed one at a time (parallel.h's claim_parts) by
+// the calling thread and at most one task per other pool thread: run_parts would schedule a
+// task per image, which mostly wakes threads that find nothing left; and contiguous runs of
+// images would leave the caller waiting for a whole run when another process holds the
+// thread that started it, where claiming one image at a time waits for one image at most.
+template <typename Body>
+void each_image(ffi::ThreadPool& pool, int64_t n, const Body& body) {
+  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
+  if (helpers <= 0) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  auto state = std::make_shared<ParallelState>();
+  for (int64_t t = 0; t < helpers; ++t)
+    pool.Schedule([state, n, b = &body] { claim_parts(*state, n, b); });
+  claim_parts(*state, n, &body);
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->all_done.wait(lock, [&] { return state->finished == n; });
+  if (state->failed) throw std::bad_alloc();
+}
+
 struct Row { int32_t cls; int64_t box; };
 
 // ONNX NonMaxSuppression over `batch` vmap examples of B images: each image a walk with
@@ -318,7 +365,7 @@ void onnx_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores, const Thre
   std::vector<std::vector<Row>> rows(batch * B);
   std::vector<int64_t> bound(batch * B);
   const uint64_t cleared = cleared_bits<F>(N, exact);
-  run_parts(pool, batch * B, [&](int64_t image) {
+  each_image(pool, batch * B, [&](int64_t image) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{has_st, false, th.score_key(image, batch * B), cleared, pre_nms_top_k, per_class, per_image,
                   center, center ? kNone : kMinMax, false};
@@ -327,11 +374,13 @@ void onnx_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores, const Thre
         scores + image * C * N, C * N, C, r, th.iou_at(image, batch * B),
         [&](int64_t e) { return bb + 4 * (e % N); },
         [&](int64_t e) { return static_cast<int32_t>(e / N); }, ws);
-    auto& mine = rows[image];
-    mine.clear();
-    for (int64_t e : ws.kept) mine.push_back({static_cast<int32_t>(e / N), e % N});
-    std::stable_sort(mine.begin(), mine.end(),
-                     [](const Row& a, const Row& b) { return a.cls < b.cls; });
+    auto& mine = rows[image];  // by class, then priority: a counting sort of ws.kept
+    auto& start = ws.class_start;
+    start.assign(C + 1, 0);
+    for (int64_t e : ws.kept) ++start[e / N + 1];
+    for (int64_t c = 0; c < C; ++c) start[c + 1] += start[c];
+    mine.resize(ws.kept.size());
+    for (int64_t e : ws.kept) mine[start[e / N]++] = {static_cast<int32_t>(e / N), e % N};
     const int64_t cut = std::max<int64_t>(count - pre_nms_top_k, 0);
     bound[image] = std::min<int64_t>(static_cast<int64_t>(mine.size()) + cut, per_image);
     ws.release_if_large();
@@ -378,7 +427,7 @@ void batched_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores, const i
                  int64_t batch, int64_t N, int64_t capacity, int64_t pre_nms_top_k, bool has_st,
                  bool exact) {
   const uint64_t cleared = cleared_bits<F>(N, exact);
-  run_parts(pool, batch, [&](int64_t v) {
+  each_image(pool, batch, [&](int64_t v) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{has_st, false, th.score_key(v, batch), cleared, pre_nms_top_k, capacity, capacity,
                   false, kMinMax, false};
@@ -404,7 +453,7 @@ void efficient_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores,
                    int32_t* out_classes, int32_t* cut, int64_t batch, int64_t N, int64_t C,
                    bool per_class_boxes, int64_t K, int64_t pre_nms_top_k, bool agnostic,
                    bool center) {
-  run_parts(pool, batch, [&](int64_t v) {
+  each_image(pool, batch, [&](int64_t v) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{true, true, th.score_key(v, batch), 0, pre_nms_top_k, K, K, center, kTensorRT,
                   true};
