@@ -164,7 +164,7 @@ def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array,
     result = BATCHED_NMS(boxes, scores, extra["idxs"], iou_threshold=iou_threshold,
                          max_output_size=max_output_size, score_threshold=score_threshold,
                          pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode, backend=backend)[0]
-    result = with_upstream_loss(result, lost, 0, limit=result.max_shape[0])
+    result = with_upstream_loss(result, lost, 0, limit=max_output_size)  # not N: it was cut
     warn_if_cut(result, "batched_nms", None)
     return result
 
@@ -216,6 +216,6 @@ def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float | jax.Array, *
                          else _limit("nms", max_output_size),
                          score_threshold=score_threshold, pre_nms_top_k=pre_nms_top_k,
                          impl_mode=impl_mode, backend=backend)[0]
-    result = with_upstream_loss(result, lost, 0, limit=result.max_shape[0])
+    result = with_upstream_loss(result, lost, 0, limit=max_output_size)
     warn_if_cut(result, "nms", None)
     return result

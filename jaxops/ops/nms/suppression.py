@@ -259,6 +259,7 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
     limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
                                                      (int, np.integer)) else n
     cap = max_detections if isinstance(max_detections, (int, np.integer)) else None
+    # what boxes lost upstream could add: up to the limits, not to this buffer's N
     scores, boxes, _, lost = valid_candidates("NonMaxSuppression", scores, boxes, per_box=c)
 
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
@@ -268,7 +269,7 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
             center_point_box=center_point_box, size=capacity, max_detections=max_detections,
             pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode,
             backend=rerun_backend or backend)[0]
-        return with_upstream_loss(out, lost, 0, limit=_onnx_capacity(b, c, n, limit, cap, None)[2])
+        return with_upstream_loss(out, lost, 0, limit=b * (c * limit if cap is None else cap))
 
     if isinstance(max_output_boxes_per_class, (int, np.integer)) and \
             max_output_boxes_per_class == 0 and b * c * n:
