@@ -94,3 +94,24 @@ def test_candidate_cut_keeps_the_best_by_score():
         assert_rows(got, want)
         assert int(c.cut[i]) == max(int(passing[i].sum()) - 64, 0)
     assert int(c.cut[0]) > 0
+
+
+@pytest.mark.parametrize("max_detections", [None, 12])
+def test_first_pass_result_or_full_walk_equals_the_reference(max_detections):
+    """The first pass (the best FIRST_PASS x the result's size candidates) stands where it proves
+    itself (image 0: scattered boxes fill their classes early) and the full walk runs
+    where it cannot (image 1: one box per class repeated, so each class keeps one box and
+    has candidates past the pass)."""
+    from tests.cases.nms import ref_non_max_suppression
+
+    import jaxops
+
+    rng = np.random.default_rng(12)
+    boxes = random_boxes(rng, (2, 500), extent=400.0, jitter=0.05)
+    boxes[1] = np.tile(boxes[1, :1], (500, 1))
+    scores = random_scores(rng, (2, 4, 500))
+    got = jaxops.non_max_suppression(boxes, scores, 5, 0.5, max_detections=max_detections,
+                                     backend="xla")
+    want = ref_non_max_suppression(boxes, scores, 5, 0.5, max_detections=max_detections)
+    assert_rows(jaxops.refresh(got), want)
+    assert np.bincount(want[:, 0]).tolist() == [max_detections or 20, 4]

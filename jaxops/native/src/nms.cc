@@ -18,10 +18,9 @@
 //
 // One image is one walk in priority order over all its groups (a box's fate depends only
 // on the higher-scoring boxes of its group, so this equals per-group NMS followed by the
-// best `total` overall). One pass gathers the candidates; they are ordered a chunk at a
-// time (see walk), so an early stop never sorts the candidates it does not reach, and a
-// box is decoded only when its candidate is reached. Images run in parallel on XLA's
-// intra-op threads.
+// best `total` overall). The candidates are ranked a block at a time (see walk), so an
+// early stop never sorts the candidates it does not reach, and a box is decoded only when
+// its candidate is reached. Images run in parallel on XLA's intra-op threads.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -150,6 +149,7 @@ struct Item<float> {
 template <typename F>
 struct Workspace {
   using Key = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;  // see candidate_key
+  std::vector<Key> sample;                   // a sample of the keys, sorted
   std::vector<typename Item<F>::T> block;    // the candidates, ordered as visited
   std::vector<Kept<F>> groups;               // kept boxes by (dense) group
   std::unordered_map<int32_t, int32_t> dense;  // group id -> slot (arbitrary ids)
@@ -192,6 +192,14 @@ inline U candidate_key(const F* score, bool has_st, bool inclusive, U st, U clea
 // (threshold's bits, +inf's]: two compares a score (a loop that vectorises), then for each
 // 16 of them the OR of those tests (none: the usual case), and the keys only where one
 // passed. Other thresholds test every key (the same loops on the keys).
+// Whether gather_candidates can prefilter on the scores' bits: a threshold at or above +0.0
+// (strictly above it for TensorRT's >=).
+template <typename U>
+bool prefilters(bool has_st, bool inclusive, uint64_t st_key) {
+  constexpr U sign = U{1} << (8 * sizeof(U) - 1);
+  return has_st && (inclusive ? U(st_key) > sign : U(st_key) >= sign);
+}
+
 template <typename F, typename U = typename Workspace<F>::Key>
 void gather_candidates(const F* scores, int64_t n, bool has_st, bool inclusive, uint64_t st_key,
                        uint64_t cleared_bits, std::vector<typename Item<F>::T>& block) {
@@ -201,7 +209,7 @@ void gather_candidates(const F* scores, int64_t n, bool has_st, bool inclusive, 
   const U st = static_cast<U>(st_key), cleared = static_cast<U>(cleared_bits);
   const S inf = sizeof(F) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
   // ordered bits (st) back to the float's bits; > +0.0's key: a positive float
-  const bool fast = has_st && (inclusive ? st > sign : st >= sign);
+  const bool fast = prefilters<U>(has_st, inclusive, st_key);
   const S low = static_cast<S>(st & ~sign) - (inclusive ? 1 : 0);  // pass: low < bits <= inf
   S bits[kStretch];
   U keys[kStretch];
@@ -267,9 +275,22 @@ int64_t walk(const F* scores, int64_t m, int64_t groups, const Rules& r, F iou_t
   for (int64_t g = 0; g < groups; ++g) ws.groups[g].clear();
   ws.dense.clear();
   if (m == 0) return 0;
+  using U = typename Workspace<F>::Key;
   auto& block = ws.block;
-  gather_candidates<F>(scores, m, r.has_st, r.inclusive_st, r.st_key, r.cleared, block);
-  const int64_t count = static_cast<int64_t>(block.size());
+  const bool gathered = prefilters<U>(r.has_st, r.inclusive_st, r.st_key);
+  Scratch<U> scratch(gathered ? 1 : m);  // every key, when there is no prefilter
+  U* const keys = scratch.get();
+  int64_t count = 0;
+  if (gathered) {
+    gather_candidates<F>(scores, m, r.has_st, r.inclusive_st, r.st_key, r.cleared, block);
+    count = static_cast<int64_t>(block.size());
+  } else {
+    for (int64_t i = 0; i < m; ++i) {  // a loop that vectorises
+      keys[i] = candidate_key<F, U>(scores + i, r.has_st, r.inclusive_st, U(r.st_key),
+                                    U(r.cleared));
+      count += keys[i] != ~U{0};
+    }
+  }
   const int64_t limit = std::min(r.total, r.capacity);
   if (limit <= 0 || r.per_group <= 0 || count == 0) return count;
   int64_t visited = 0;
@@ -292,20 +313,57 @@ int64_t walk(const F* scores, int64_t m, int64_t groups, const Rules& r, F iou_t
     }
     return static_cast<int64_t>(ws.kept.size()) < r.total && visited < r.capacity;
   };
-  // The candidates are ordered a chunk at a time, so that an early stop orders only about
-  // what it reaches: the best `chunk` of the rest are selected (nth_element), sorted and
-  // visited; only when they run out does the next chunk (four times as many) follow.
+  const int64_t first = std::max<int64_t>(limit + limit / 2, 32);
   bool more = true;
-  for (int64_t pos = 0, chunk = std::max<int64_t>(limit + limit / 2, 32); more && pos < count;
-       chunk *= 4) {
-    const int64_t end = std::min(count, pos + chunk);
-    if (end < count) std::nth_element(block.begin() + pos, block.begin() + end, block.end());
-    std::sort(block.begin() + pos, block.begin() + end);
-    for (int64_t k = pos; more && k < end; ++k) {
-      if (k + 8 < end) __builtin_prefetch(box_of(I::index(block[k + 8])));  // boxes: a miss each
-      more = visit(I::index(block[k]));
+  if (gathered) {
+    // Every candidate is in the block: ordered a chunk at a time, so that an early stop
+    // orders only about what it reaches (the best `chunk` of the rest selected, sorted and
+    // visited; only when they run out does the next chunk, four times as many, follow).
+    for (int64_t pos = 0, chunk = first; more && pos < count; chunk *= 4) {
+      const int64_t end = std::min(count, pos + chunk);
+      if (end < count) std::nth_element(block.begin() + pos, block.begin() + end, block.end());
+      std::sort(block.begin() + pos, block.begin() + end);
+      for (int64_t k = pos; more && k < end; ++k) {
+        if (k + 8 < end) __builtin_prefetch(box_of(I::index(block[k + 8])));  // a miss each
+        more = visit(I::index(block[k]));
+      }
+      pos = end;
     }
-    pos = end;
+    return count;
+  }
+  // Without a prefilter every score has a key: the blocks come from key ranges instead, so
+  // an early stop never gathers the candidates it does not reach. The keys of a fixed
+  // sample of the scores give a bound `hi` above about `want` candidates; one pass gathers
+  // the keys in (lo, hi], which are sorted and visited; only when they run out does the
+  // next block (lo = hi, four times as many) follow. The blocks partition the candidates
+  // by key, so they are visited exactly in priority order.
+  const int64_t samples = count <= first ? 0 : std::min<int64_t>(m, 256);  // j * m / 256
+  auto& sample = ws.sample;
+  sample.resize(samples);
+  for (int64_t j = 0; j < samples; ++j) sample[j] = keys[samples == m ? j : (j * m) >> 8];
+  std::sort(sample.begin(), sample.end());
+  constexpr U kLast = ~U{0} - 1;  // a bound at or above every real key
+  U lo = 0;  // below every real key
+  for (int64_t want = first; more && lo != kLast; want *= 4) {
+    const int64_t rank = samples ? want * samples / m + want * samples / (4 * m) + 2 : 0;
+    U hi = rank < samples ? std::min(sample[rank], kLast) : kLast;  // 1.25x, +2
+    if (hi <= lo) hi = kLast;
+    block.clear();
+    const U span = hi - lo;  // k in (lo, hi] <=> k - lo - 1 < span (unsigned)
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {  // a vectorised test of 8 keys skips most of them
+      bool any = false;
+      for (int j = 0; j < 8; ++j) any |= U(keys[i + j] - lo - 1) < span;
+      if (!any) continue;
+      for (int64_t j = i; j < i + 8; ++j)
+        if (U(keys[j] - lo - 1) < span) block.push_back(I::make(keys[j], j));
+    }
+    for (; i < m; ++i)
+      if (U(keys[i] - lo - 1) < span) block.push_back(I::make(keys[i], i));
+    std::sort(block.begin(), block.end());
+    lo = hi;
+    for (const auto& item : block)
+      if (!(more = visit(I::index(item)))) break;
   }
   return count;
 }

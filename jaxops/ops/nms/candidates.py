@@ -41,8 +41,8 @@ from jaxops.core.float_bits import greater, ordered_bits
 from jaxops.ops.compaction import compact_indices
 
 __all__ = [
-    "Candidates", "Orders", "apply_limits", "orders", "priority_keys", "score_candidates",
-    "select",
+    "Candidates", "Orders", "apply_limits", "group_order", "orders", "priority_keys",
+    "score_candidates", "select",
 ]
 
 _RADIX_MAX = 1 << 15  # positions that fit beside a 16-bit digit in an int32 sort key
@@ -159,17 +159,22 @@ def orders(keys: jax.Array, cands: Candidates, groups: jax.Array,
                                dimension=1, num_keys=1, is_stable=True)[1]
     g = jnp.take_along_axis(jnp.where(cands.valid, groups, jnp.iinfo(i32).max).astype(i32),
                             by_priority, axis=1)
+    return Orders(by_priority, group_order(g, group_bound))
+
+
+def group_order(g: jax.Array, group_bound: int | None = None) -> jax.Array:
+    """Ranks ``[P, R]`` sorted stably by their group ``g`` (``[P, R]``, by rank; invalid
+    ones ``int32`` max); ``group_bound`` as for :func:`orders`."""
+    p, k = g.shape
     if k <= _RADIX_MAX and group_bound is not None and group_bound < (1 << 16):
         rank = jnp.arange(k, dtype=i32)
-        by_group = lax.sort((jnp.minimum(g, group_bound) << 15) | rank, dimension=1) \
+        return lax.sort((jnp.minimum(g, group_bound) << 15) | rank, dimension=1) \
             & (_RADIX_MAX - 1)
-    elif k <= _RADIX_MAX:
-        by_group = _radix_order(_u16_digits(lax.bitcast_convert_type(g, jnp.uint32)
-                                            ^ jnp.uint32(1 << 31)))
-    else:
-        ranks = jnp.broadcast_to(jnp.arange(k, dtype=i32), (p, k))
-        by_group = lax.sort((g, ranks), dimension=1, num_keys=1, is_stable=True)[1]
-    return Orders(by_priority, by_group)
+    if k <= _RADIX_MAX:
+        return _radix_order(_u16_digits(lax.bitcast_convert_type(g, jnp.uint32)
+                                        ^ jnp.uint32(1 << 31)))
+    ranks = jnp.broadcast_to(jnp.arange(k, dtype=i32), (p, k))
+    return lax.sort((g, ranks), dimension=1, num_keys=1, is_stable=True)[1]
 
 
 def apply_limits(kept: jax.Array, grouped: jax.Array, by_group: jax.Array,

@@ -25,12 +25,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxops.capacity.policy import warn_once
 from jaxops.core.dynarray import DynArray
 from jaxops.ops._conventions import read_input
 from jaxops.ops.nms.bitmask import bitmask_nms
-from jaxops.ops.nms.candidates import apply_limits, orders, priority_keys, select
+from jaxops.ops.nms.candidates import (apply_limits, group_order, orders, priority_keys,
+                                       select)
 from jaxops.ops.nms.iou import Boxes
 
 __all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "valid_candidates",
@@ -63,11 +65,23 @@ class Detections(NamedTuple):
         return jnp.take_along_axis(self.flat, self.by_group, axis=1)
 
 
+#: The first pass walks the best FIRST_PASS x (the result's size) candidates (see detect).
+FIRST_PASS = 4
+
+
 def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax.Array,
            groups_of: Callable[[jax.Array], jax.Array], *, capacity: int, iou_threshold,
            inclusive: bool = False, group_bound: int | None = None,
            per_group: int | None = None, total: int | None = None) -> Detections:
     """Greedy NMS per image over its scored elements.
+
+    When the result is limited (``total``, or ``per_group`` over ``group_bound`` groups) to
+    far fewer than the ``capacity`` candidates, a first pass walks only the best
+    ``FIRST_PASS`` times that many. Its result is the full walk's whenever it can prove it:
+    every candidate fitted, or it kept ``total`` already, or every group either reached
+    ``per_group`` or had all its candidates in the pass (a candidate's fate depends only on
+    the better candidates of its group). Else the full walk runs (``lax.cond``; under
+    ``vmap`` both run).
 
     Args:
       boxes_of: element indices ``[P, K]`` -> their decoded boxes (fields ``[P, K]``).
@@ -82,20 +96,52 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax
       per_group: the most kept per group (``None``: no limit).
       total: the most kept per image, the best by priority (``None``: no limit).
     """
-    cands = select(keys, passing, min(capacity, keys.shape[1]))
-    slot_keys = jnp.take_along_axis(keys, cands.flat, axis=1)
+    k = min(capacity, keys.shape[1])
+    cands = select(keys, passing, k)
     groups = groups_of(cands.flat).astype(jnp.int32)
-    order = orders(slot_keys, cands, groups, group_bound)
-    slot_g = jnp.take_along_axis(order.by_priority, order.by_group, axis=1)  # group-major
-    flat_g = jnp.take_along_axis(cands.flat, slot_g, axis=1)
-    valid_g = jnp.take_along_axis(cands.valid, slot_g, axis=1)
-    groups_g = jnp.where(valid_g, jnp.take_along_axis(groups, slot_g, axis=1),
-                         jnp.iinfo(jnp.int32).max)
-    kept_g = bitmask_nms(boxes_of(flat_g), valid_g, groups_g, iou_threshold,
-                         inclusive=inclusive)
-    kept = apply_limits(kept_g, groups_g, order.by_group, per_group, total)
-    flat = jnp.take_along_axis(cands.flat, order.by_priority, axis=1)
-    return Detections(flat, kept, order.by_group, cands.count, cands.cut)
+    order = orders(jnp.take_along_axis(keys, cands.flat, axis=1), cands, groups, group_bound)
+    invalid = jnp.iinfo(jnp.int32).max
+
+    def walk(by_priority, by_group):
+        """NMS of the slots ``by_priority`` (the best R, best first); ``by_group``: their
+        ranks in group-major order."""
+        slot_g = jnp.take_along_axis(by_priority, by_group, axis=1)  # group-major
+        valid_g = jnp.take_along_axis(cands.valid, slot_g, axis=1)
+        groups_g = jnp.where(valid_g, jnp.take_along_axis(groups, slot_g, axis=1), invalid)
+        kept_g = bitmask_nms(boxes_of(jnp.take_along_axis(cands.flat, slot_g, axis=1)),
+                             valid_g, groups_g, iou_threshold, inclusive=inclusive)
+        kept = apply_limits(kept_g, groups_g, by_group, per_group, total)
+        flat = jnp.take_along_axis(cands.flat, by_priority, axis=1)
+        return Detections(flat, kept, by_group, cands.count, cands.cut)
+
+    need = total if total is not None else \
+        None if per_group is None or group_bound is None else per_group * group_bound
+    first = None if need is None else -(-max(FIRST_PASS * need, 256) // 64) * 64
+    if first is None or first >= k:
+        return walk(order.by_priority, order.by_group)
+
+    best = order.by_priority[:, :first]
+    best_valid = jnp.take_along_axis(cands.valid, best, axis=1)
+    best_groups = jnp.where(best_valid, jnp.take_along_axis(groups, best, axis=1), invalid)
+    small = walk(best, group_order(best_groups, group_bound))
+    seen = jnp.sum(best_valid, axis=1) == jnp.sum(cands.valid, axis=1)
+    proven = seen | (jnp.sum(small.kept, axis=1) >= (need if total is None else total))
+    if total is None:  # per group: full, or all its candidates seen
+        rows = jnp.arange(keys.shape[0])[:, None]
+
+        def per(g, where):
+            return jnp.zeros((keys.shape[0], group_bound + 1), jnp.int32).at[
+                rows, jnp.where(where, g, group_bound)].add(1)[:, :group_bound]
+        proven |= jnp.all((per(best_groups, small.kept) >= per_group)
+                          | (per(best_groups, best_valid) == per(groups, cands.valid)), axis=1)
+
+    def padded():
+        pad = ((0, 0), (0, k - first))
+        extra = jnp.broadcast_to(jnp.arange(first, k, dtype=jnp.int32), (keys.shape[0], k - first))
+        return Detections(jnp.pad(small.flat, pad), jnp.pad(small.kept, pad),
+                          jnp.concatenate([small.by_group, extra], axis=1), cands.count, cands.cut)
+    return lax.cond(jnp.all(proven), padded,
+                    lambda: walk(order.by_priority, order.by_group))
 
 
 def tracks_true_shape(size: int | None, pre_nms_top_k: int | None, elements: int) -> bool:
