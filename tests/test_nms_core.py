@@ -98,10 +98,10 @@ def test_candidate_cut_keeps_the_best_by_score():
 
 @pytest.mark.parametrize("max_detections", [None, 12])
 def test_first_pass_result_or_full_walk_equals_the_reference(max_detections):
-    """The first pass (the best FIRST_PASS x the result's size candidates) stands where it proves
-    itself (image 0: scattered boxes fill their classes early) and the full walk runs
-    where it cannot (image 1: one box per class repeated, so each class keeps one box and
-    has candidates past the pass)."""
+    """The first pass (the best FIRST_PASS x the result's size candidates) stands where it
+    proves itself (image 0: scattered boxes fill their classes early) and the full walk
+    runs where it cannot (image 1: one box per class repeated, so each class keeps one box
+    and has candidates past the pass)."""
     from tests.cases.nms import ref_non_max_suppression
 
     import jaxops
