@@ -210,18 +210,19 @@ void gather_candidates(const F* scores, int64_t n, bool has_st, bool inclusive, 
   const S inf = sizeof(F) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
   // ordered bits (st) back to the float's bits; > +0.0's key: a positive float
   const bool fast = prefilters<U>(has_st, inclusive, st_key);
-  const S low = static_cast<S>(st & ~sign) - (inclusive ? 1 : 0);  // pass: low < bits <= inf
-  S bits[kStretch];
+  // pass: low < bits <= inf (signed), i.e. bits - low - 1 < inf - low (one unsigned compare)
+  const U low = U(static_cast<S>(st & ~sign) - (inclusive ? 1 : 0)), span = U(inf) - low;
+  using Bits [[gnu::may_alias]] = U;  // the scores read as their bits
+  const Bits* raw = reinterpret_cast<const Bits*>(scores);
   U keys[kStretch];
   block.clear();
   for (int64_t i = 0; i < n; i += kStretch) {
     const int64_t len = std::min(kStretch, n - i);
     if (fast) {
-      std::memcpy(bits, scores + i, len * sizeof(F));
       for (int64_t at = 0; at < len; at += 16) {
         const int64_t end = std::min<int64_t>(at + 16, len);
-        bool any = false;
-        for (int64_t j = at; j < end; ++j) any |= (bits[j] > low) & (bits[j] <= inf);
+        U any = 0;  // an integer OR: a loop that vectorises (a bool one does not)
+        for (int64_t j = at; j < end; ++j) any |= U(U(raw[i + j] - low - 1) < span);
         if (!any) continue;
         for (int64_t j = at; j < end; ++j) {
           const U k = candidate_key<F, U>(scores + i + j, has_st, inclusive, st, cleared);
@@ -394,9 +395,16 @@ struct Thresholds {
 // task per image, which mostly wakes threads that find nothing left; and contiguous runs of
 // images would leave the caller waiting for a whole run when another process holds the
 // thread that started it, where claiming one image at a time waits for one image at most.
+//
+// Below kParallelScores scores in all the calling thread runs every image: waking a pool
+// thread costs more than it saves there (measured here: 32 images of 20,000 scores took
+// 0.32-0.69 ms on two threads against 0.62 ms on one, on a loaded machine).
+constexpr int64_t kParallelScores = int64_t{1} << 18;
+
 template <typename Body>
-void each_image(ffi::ThreadPool& pool, int64_t n, const Body& body) {
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
+void each_image(ffi::ThreadPool& pool, int64_t n, int64_t scores_each, const Body& body) {
+  const int64_t helpers = n * scores_each < kParallelScores ? 0 :
+      std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
   if (helpers <= 0) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
@@ -423,7 +431,7 @@ void onnx_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores, const Thre
   std::vector<std::vector<Row>> rows(batch * B);
   std::vector<int64_t> bound(batch * B);
   const uint64_t cleared = cleared_bits<F>(N, exact);
-  each_image(pool, batch * B, [&](int64_t image) {
+  each_image(pool, batch * B, C * N, [&](int64_t image) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{has_st, false, th.score_key(image, batch * B), cleared, pre_nms_top_k, per_class, per_image,
                   center, center ? kNone : kMinMax, false};
@@ -485,7 +493,7 @@ void batched_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores, const i
                  int64_t batch, int64_t N, int64_t capacity, int64_t pre_nms_top_k, bool has_st,
                  bool exact) {
   const uint64_t cleared = cleared_bits<F>(N, exact);
-  each_image(pool, batch, [&](int64_t v) {
+  each_image(pool, batch, N, [&](int64_t v) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{has_st, false, th.score_key(v, batch), cleared, pre_nms_top_k, capacity, capacity,
                   false, kMinMax, false};
@@ -511,7 +519,7 @@ void efficient_nms(ffi::ThreadPool& pool, const F* boxes, const F* scores,
                    int32_t* out_classes, int32_t* cut, int64_t batch, int64_t N, int64_t C,
                    bool per_class_boxes, int64_t K, int64_t pre_nms_top_k, bool agnostic,
                    bool center) {
-  each_image(pool, batch, [&](int64_t v) {
+  each_image(pool, batch, N * C, [&](int64_t v) {
     Workspace<F>& ws = Workspace<F>::of_thread();
     const Rules r{true, true, th.score_key(v, batch), 0, pre_nms_top_k, K, K, center, kTensorRT,
                   true};
