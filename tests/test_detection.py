@@ -243,10 +243,12 @@ def test_efficient_nms_blames_scores_in_onnx_layout():
 
 # -- DynArray inputs ----------------------------------------------------------------------
 
-def test_the_issue_example_reports_the_upstream_overflow():
-    v = jnp.array([3.0, -1.0, 1.0, 4.0, 5.0, 2.0])
+@pytest.mark.parametrize("x64", [False, True])
+def test_the_issue_example_reports_the_upstream_overflow(x64):
+    v = np.array([3.0, -1.0, 1.0, 4.0, 5.0, 2.0])
     f = jax.jit(lambda v: jaxops.nonzero(jaxops.masked_select(v, v > 0, size=2) > 2.5))
-    out = f(v)
+    with jax.enable_x64(x64):
+        out = f(v)
     assert bool(out.overflowed())
     np.testing.assert_array_equal(jaxops.refresh(out, allow_truncated=True),
                                   np.nonzero(np.array([3.0, 1.0]) > 2.5))
@@ -287,8 +289,9 @@ def test_unique_of_an_overflowed_dynarray_bounds_its_true_size():
     assert bool(out[0].overflowed()) and out[0].true_shape.tolist() == [2 + 1]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_nonzero_route_into_batched_nms_carries_the_overflow(backend):
+@pytest.mark.parametrize("backend,x64", [(b, False) for b in BACKENDS]
+                         + [(b, True) for b in BACKENDS if b != "host"])
+def test_nonzero_route_into_batched_nms_carries_the_overflow(backend, x64):
     rng = np.random.default_rng(seed_of("route", backend))
     boxes, scores = random_boxes(rng, (40,)), random_scores(rng, (3, 40))   # [C, N] scores
 
@@ -299,8 +302,9 @@ def test_nonzero_route_into_batched_nms_carries_the_overflow(backend):
                                   backend=backend)
 
     n = int((scores > 0.5).sum())
-    with expected_truncation():
+    with expected_truncation(), jax.enable_x64(x64):
         full, cut = route(None), route(n - 5)
+        assert full.dtype == (jnp.int64 if x64 else jnp.int32)
     c, i = np.nonzero(scores > 0.5)
     order = np.argsort(c * 40 + i)  # flatnonzero's order
     c, i = c[order], i[order]
