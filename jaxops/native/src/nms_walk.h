@@ -355,11 +355,11 @@ struct Thresholds {
   }
 };
 
-// body(i) for every image i in [0, n), claimed one at a time (parallel.h's claim_parts) by
-// the calling thread and at most one task per other pool thread: run_parts would schedule a
-// task per image, which mostly wakes threads that find nothing left; and contiguous runs of
-// images would leave the caller waiting for a whole run when another process holds the
-// thread that started it, where claiming one image at a time waits for one image at most.
+// body(i) for every image i in [0, n), claimed one at a time by the calling thread and at
+// most one task per other pool thread (run_parts with `helpers`): a task per image would
+// mostly wake threads that find nothing left; and contiguous runs of images would leave the
+// caller waiting for a whole run when another process holds the thread that started it,
+// where claiming one image at a time waits for one image at most.
 //
 // Below kParallelScores scores in all the calling thread runs every image: waking a pool
 // thread costs more than it saves there (measured here: 32 images of 20,000 scores took
@@ -370,17 +370,7 @@ template <typename Body>
 void each_image(ffi::ThreadPool& pool, int64_t n, int64_t scores_each, const Body& body) {
   const int64_t helpers = n * scores_each < kParallelScores ? 0 :
       std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
-  if (helpers <= 0) {
-    for (int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-  auto state = std::make_shared<ParallelState>();
-  for (int64_t t = 0; t < helpers; ++t)
-    pool.Schedule([state, n, b = &body] { claim_parts(*state, n, b); });
-  claim_parts(*state, n, &body);
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->all_done.wait(lock, [&] { return state->finished == n; });
-  if (state->failed) throw std::bad_alloc();
+  run_parts(pool, n, body, helpers);
 }
 
 }  // namespace nms
