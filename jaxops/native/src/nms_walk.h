@@ -140,6 +140,7 @@ struct Workspace {
   std::unordered_map<int32_t, int32_t> dense;  // group id -> slot (arbitrary ids)
   std::vector<int64_t> kept;                 // kept elements, by priority
   std::vector<int64_t> class_start;          // ONNX rows: where each class's rows go
+  std::vector<int64_t> hit_groups;           // gather_candidates' groups holding one
 
   static Workspace& of_thread() {
     thread_local Workspace ws;
@@ -179,14 +180,48 @@ bool prefilters(bool has_st, bool inclusive, uint64_t st_key) {
   return has_st && (inclusive ? U(st_key) > sign : U(st_key) >= sign);
 }
 
+// The starts of the 16-score groups of [0, n) holding a score whose bits b have
+// b - low - 1 < span (unsigned): one compare a score and an integer OR a group, a loop that
+// vectorises (a bool OR does not), written once and compiled twice, plain and for AVX2
+// (chosen at run time: twice the lanes of the SSE2 baseline).
+template <typename U, typename Bits>
+inline __attribute__((always_inline)) int64_t hit_groups(const Bits* raw, int64_t n, U low,
+                                                         U span, int64_t* out) {
+  int64_t hits = 0;
+  for (int64_t at = 0; at < n; at += 16) {
+    const int64_t end = std::min<int64_t>(at + 16, n);
+    U any = 0;
+    for (int64_t j = at; j < end; ++j) any |= U(U(raw[j] - low - 1) < span);
+    out[hits] = at;
+    hits += any != 0;
+  }
+  return hits;
+}
+using Bits32 [[gnu::may_alias]] = uint32_t;  // float scores read as their bits
+using Bits64 [[gnu::may_alias]] = uint64_t;
+__attribute__((target("avx2"))) inline int64_t hit_groups_avx2(const Bits32* raw, int64_t n,
+                                                               uint32_t low, uint32_t span,
+                                                               int64_t* out) {
+  return hit_groups<uint32_t>(raw, n, low, span, out);
+}
+inline int64_t hit_groups_of(const Bits32* raw, int64_t n, uint32_t low, uint32_t span,
+                             int64_t* out) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? hit_groups_avx2(raw, n, low, span, out) : hit_groups<uint32_t>(raw, n, low, span, out);
+}
+inline int64_t hit_groups_of(const Bits64* raw, int64_t n, uint64_t low, uint64_t span,
+                             int64_t* out) {
+  return hit_groups<uint64_t>(raw, n, low, span, out);
+}
+
 // Every candidate of the n scores as a block item (key, element), in element order, for a
 // threshold that prefilters (see prefilters): such a threshold passes exactly the scores
-// whose bits lie in (the threshold's bits, +inf's]; one unsigned compare a score, 16 at a
-// time (an integer OR: a loop that vectorises), and the keys only where one passed (most
-// groups of 16 hold no candidate).
+// whose bits lie in (the threshold's bits, +inf's], so only the 16-score groups holding
+// one (hit_groups: most hold none) get their keys computed.
 template <typename F, typename U = typename Workspace<F>::Key>
 void gather_candidates(const F* scores, int64_t n, bool inclusive, uint64_t st_key,
-                       uint64_t cleared_bits, std::vector<typename Item<F>::T>& block) {
+                       uint64_t cleared_bits, std::vector<typename Item<F>::T>& block,
+                       std::vector<int64_t>& groups) {
   using S = std::make_signed_t<U>;
   constexpr U none = ~U{0}, sign = U{1} << (8 * sizeof(U) - 1);
   const U st = static_cast<U>(st_key), cleared = static_cast<U>(cleared_bits);
@@ -194,15 +229,15 @@ void gather_candidates(const F* scores, int64_t n, bool inclusive, uint64_t st_k
   // low < bits <= inf (signed) <=> bits - low - 1 < inf - low (unsigned); st & ~sign: the
   // threshold's own bits (a positive float's ordered bits are its bits with the sign set)
   const U low = U(static_cast<S>(st & ~sign) - (inclusive ? 1 : 0)), span = U(inf) - low;
-  using Bits [[gnu::may_alias]] = U;  // the scores read as their bits
-  const Bits* raw = reinterpret_cast<const Bits*>(scores);
+  groups.resize(n / 16 + 1);
+  int64_t hits;
+  if constexpr (sizeof(U) == 4)
+    hits = hit_groups_of(reinterpret_cast<const Bits32*>(scores), n, low, span, groups.data());
+  else
+    hits = hit_groups_of(reinterpret_cast<const Bits64*>(scores), n, low, span, groups.data());
   block.clear();
-  for (int64_t at = 0; at < n; at += 16) {
-    const int64_t end = std::min<int64_t>(at + 16, n);
-    U any = 0;
-    for (int64_t j = at; j < end; ++j) any |= U(U(raw[j] - low - 1) < span);
-    if (!any) continue;
-    for (int64_t j = at; j < end; ++j) {
+  for (int64_t h = 0; h < hits; ++h) {
+    for (int64_t j = groups[h], end = std::min<int64_t>(j + 16, n); j < end; ++j) {
       const U k = candidate_key<F, U>(scores + j, true, inclusive, st, cleared);
       if (k != none) block.push_back(Item<F>::make(k, j));
     }
@@ -248,7 +283,7 @@ int64_t walk(const F* scores, int64_t m, int64_t groups, const Rules& r, F iou_t
   U* const keys = scratch.get();
   int64_t count = 0;
   if (gathered) {
-    gather_candidates<F>(scores, m, r.inclusive_st, r.st_key, r.cleared, block);
+    gather_candidates<F>(scores, m, r.inclusive_st, r.st_key, r.cleared, block, ws.hit_groups);
     count = static_cast<int64_t>(block.size());
   } else {
     for (int64_t i = 0; i < m; ++i) {  // a loop that vectorises
