@@ -12,7 +12,8 @@ __all__ = [
     "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
     "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
     "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
-    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "RouteOverflowError",
+    "UnknownAttrError", "UnknownOpError",
     "UnsupportedDTypeError", "UsageError", "describe",
 ]
 
@@ -93,6 +94,17 @@ class CapacityOverflowError(JaxopsError, RuntimeError):
                f"{self.lost_results} results would be lost ({self.lost} elements, as "
                "DynArray.lost() counts them).")
         super().__init__(f"{msg} {hint}" if hint else msg)
+
+
+class RouteOverflowError(CapacityOverflowError):
+    """Keys of a hash-table call on a mesh did not fit a routing buffer (``route_capacity``):
+    counted in keys, the unit the buffers hold."""
+
+    def __init__(self, op: str, capacity: int, needed: int, lost: int):
+        super().__init__(op, capacity, needed, lost=lost, lost_results=lost)
+        self.args = (f"{op}: a routing buffer of {capacity} keys would need {needed}: {lost} "
+                     "keys were not routed to their shard (not served). Pass a larger "
+                     "route_capacity, or overflow='expand'.",)
 
 
 class CapacityOverflowWarning(UserWarning):
