@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except JaxopsError as e:
         print(f"jaxops: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # an allocation no estimate foresaw (numpy's ArrayMemoryError)
+        print(f"jaxops: error: out of memory: {_one_line(str(e))}", file=sys.stderr)
+        return 2
     except OSError as e:  # e.g. an --out path that cannot be written
         print(f"jaxops: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
               file=sys.stderr)

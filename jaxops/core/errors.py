@@ -12,8 +12,8 @@ __all__ = [
     "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
     "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
     "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
-    "OpArgumentError", "OpDTypeError", "OutshapeError", "RouteOverflowError",
-    "UnknownAttrError", "UnknownOpError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "ResourceRequestError",
+    "RouteOverflowError", "UnknownAttrError", "UnknownOpError",
     "UnsupportedDTypeError", "UsageError", "describe",
 ]
 
@@ -43,6 +43,11 @@ class OpArgumentError(JaxopsError, ValueError):
 
 class MissingInputError(OpArgumentError):
     """A required input was not given."""
+
+
+class ResourceRequestError(OpArgumentError, MemoryError):
+    """A request (a ``size=``, a table's capacity, a golden case's shape) needing more
+    memory than the device has available, refused before anything is allocated."""
 
 
 class UnknownAttrError(OpArgumentError):

@@ -41,6 +41,7 @@ from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingIn
                                 UnknownOpError, UnsupportedDTypeError)
 from jaxops.core.impl_mode import (OpImplMode, as_impl_mode, impl_mode_names, impl_mode_to_str,
                                     select_impl_mode)
+from jaxops.core.memory import SMALL_REQUEST, refuse_unless_fits
 from jaxops.core.narrowing import check_fits
 from jaxops.core.tensor_desc import TensorDesc
 
@@ -264,6 +265,7 @@ class OpDef:
     jit_kernels: bool = True  # eager calls run the kernel jitted (attrs static)
     kernels: dict[tuple[str, OpImplMode | None], KernelFn] = dataclasses.field(default_factory=dict)
     _jitted: dict[tuple, KernelFn] = dataclasses.field(default_factory=dict, repr=False)
+    _small_requests: set = dataclasses.field(default_factory=set, repr=False, compare=False)
 
     def __post_init__(self):
         self.inputs, self.outputs, self.attrs = tuple(self.inputs), tuple(self.outputs), tuple(self.attrs)
@@ -412,6 +414,10 @@ class OpDef:
               ) -> list[TensorDesc]:
         """Max-shape inference: the output TensorDescs before anything runs."""
         inputs, attrs = self.check(inputs, attrs)
+        return self._infer_checked(inputs, attrs)
+
+    def _infer_checked(self, inputs: Sequence[Any], attrs: Mapping[str, Any]
+                       ) -> list[TensorDesc]:
         if self.infer_shape is None:
             raise NotImplementedError(f"{self.name} declares no infer_shape")
         values = {}
@@ -435,9 +441,34 @@ class OpDef:
                  impl_mode: OpImplMode | str | None = None, **attrs):
         """Validates, picks impl mode and backend, and runs the kernel (jittable)."""
         inputs, attrs = self.check(inputs, attrs)
+        if self.data_dependent:
+            self._refuse_outputs_beyond_memory(inputs, attrs)
         mode = self.select_mode(impl_mode)
         chosen = select_backend(self, backend, inputs=inputs, attrs=attrs)  # per-config choice
         return self._runner(self.get_kernel(chosen, mode), attrs)(*inputs, **attrs)
+
+    def _refuse_outputs_beyond_memory(self, inputs: Sequence[Any], attrs: Mapping[str, Any]
+                                      ) -> None:
+        """A data-dependent operator's max shape comes from its caller (``size=``): one
+        that cannot fit is refused here, naming the bytes, instead of failing in XLA."""
+        if self.infer_shape is None or self.value_depend:
+            return
+        try:  # a signature once found small is not inferred again (eager calls repeat it)
+            signature = (tuple((np.shape(v), str(getattr(v, "dtype", ""))) for v in inputs),
+                         tuple(attrs.items()))
+            if signature in self._small_requests:
+                return
+        except TypeError:  # an unhashable attr
+            signature = None
+        outputs = [o for o in self._infer_checked(inputs, attrs) if o.is_static]
+        need = sum(o.nbytes for o in outputs)
+        if need < SMALL_REQUEST:
+            if signature is not None and len(self._small_requests) < 1024:
+                self._small_requests.add(signature)
+            return
+        held = ", ".join(f"{list(o.shape)} {o.dtype.to_numpy().name}" for o in outputs)
+        size = "size" if any(a.name == "size" for a in self.attrs) else None
+        refuse_unless_fits(self.name, size, need, f"the max-shape outputs {held}")
 
     def _runner(self, kernel: KernelFn, attrs: Mapping[str, Any]) -> KernelFn:
         """The kernel jitted with its attrs static, so an eager call is one compiled

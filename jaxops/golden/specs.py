@@ -13,12 +13,14 @@ registered for an unknown operator.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from jaxops.core.errors import DuplicateOpError, OpArgumentError
+from jaxops.core.memory import refuse_unless_fits
 from jaxops.core.registry import get_op, list_ops
 
 __all__ = ["GoldenSpec", "get_spec", "golden_case", "input_shape_dtype", "list_cases",
@@ -156,8 +158,21 @@ def input_shape_dtype(spec: GoldenSpec, shape: Any, dtype: Any) -> tuple[Any, An
     elif not spec.any_rank and len(shape) != len(spec.shape):
         raise OpArgumentError("golden", "shape", f"{len(spec.shape)} dims for {spec.op} "
                               f"({spec.shape_doc})", repr(tuple(shape)))
-    return (None if shape is None else tuple(int(d) for d in shape),
-            spec.dtype if dtype is None else _dtype(dtype))
+    shape = None if shape is None else tuple(int(d) for d in shape)
+    dtype = _dtype(spec.dtype if dtype is None else dtype)
+    if shape is not None:
+        refuse_unless_fits("golden", "shape", _case_bytes(shape, dtype),
+                           f"a case of {math.prod(shape)} {dtype.name} elements")
+    return shape, dtype
+
+
+def _case_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """An upper bound of the host memory a case of ``shape`` takes at its peak: the inputs
+    are drawn as float64 (two temporaries), held in ``dtype`` on the host and the device,
+    and every output (at most ``max(rank, 4)`` int64 words an element: NonZero's indices,
+    Unique's four outputs) is held as computed and in its wire layout."""
+    words = max(len(shape), 4)
+    return math.prod(shape) * (2 * 8 + 2 * dtype.itemsize + 2 * 8 * words)
 
 
 def _dtype(name: Any) -> np.dtype:

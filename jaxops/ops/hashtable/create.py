@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.memory import refuse_unless_fits
 from jaxops.ops.hashtable.checks import check_key_dtype
 from jaxops.ops.hashtable.on_mesh import MeshAxis
 from jaxops.ops.hashtable.opdefs import INIT_OP
 from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
-from jaxops.ops.hashtable.table import HashTable, check_bucket_size
+from jaxops.ops.hashtable.table import HashTable, check_bucket_size, slot_bytes
 from jaxops.ops.loops import while_loop
 
 __all__ = ["RANDOM_RANGE", "init_sharded_table", "init_table", "initializer_of",
@@ -76,6 +77,10 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
                               "embedding_dim values, or key=<PRNG key>, in random mode",
                               "neither", "Pass initializer_mode='constant' for fixed rows.")
+    per_device = -(-bucket_size // placement.num_shards)
+    refuse_unless_fits(op, "bucket_size", per_device * slot_bytes(embedding_dim),
+                       f"{per_device} slots of {slot_bytes(embedding_dim)} bytes on a device",
+                       placement.mesh.devices.flat if placement.routes else None)
     statics = dict(key_dtype=key_dtype, initializer=initializer_of(
         initializer_mode, float(constant_value), sampled_values, key))
     if placement.routes:

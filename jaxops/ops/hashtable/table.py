@@ -65,6 +65,16 @@ def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> in
     return check_int(op, arg, bucket_size, 1, MAX_BUCKET_SIZE)
 
 
+def slot_bytes(embedding_dim: int) -> int:
+    """The device bytes one slot of a table takes: its float32 row, five uint32 words
+    (key, counter, last access) and its flag byte.
+
+    >>> slot_bytes(8)
+    53
+    """
+    return 4 * embedding_dim + 4 * 5 + 1
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class HashTable:
