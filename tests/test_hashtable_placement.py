@@ -5,6 +5,7 @@ routes through shard_map and all_to_all like any other) and the trivial placemen
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -169,6 +170,40 @@ def test_evict_if_with_fresh_thresholds_compiles_once(placement):
 
     assert _compiles_during(loop) <= 1
     assert int(ht.evict_if(t, ht.not_seen_for(2)).live) == int(t.live) - 10  # ages 2 and 3
+
+
+def test_thresholds_traced_in_a_jitted_donated_step(placement):
+    """A training step takes its eviction horizon as an argument: one program for every
+    horizon, the same evictions as the eager call with a Python int."""
+    def step(table, keys, horizon, below):
+        table, _, _ = ht.lookup_or_insert(table, keys)
+        table = ht.evict_if(table, ht.not_seen_for(horizon))
+        return ht.evict_if(table, ht.counter_below(below))
+
+    jitted = jax.jit(step, donate_argnums=0)
+    t, eager = (ht.init_table(64, DIM, initializer_mode="constant", key_dtype=np.int32,
+                              placement=placement) for _ in range(2))
+    batches = [np.arange(5 * (k % 4), 5 * (k % 4) + 5, dtype=np.int32) for k in range(40)]
+    t = jitted(t, batches[0], jnp.uint32(50), jnp.uint32(0))
+    eager = step(eager, batches[0], 50, 0)
+
+    def loop():
+        nonlocal t, eager
+        for k, keys in enumerate(batches[1:], 1):
+            horizon, below = 2 + k % 3, k % 2
+            t = jitted(t, keys, jnp.uint32(horizon), jnp.uint32(below))
+            eager = step(eager, keys, horizon, below)
+        jax.block_until_ready(t)
+
+    assert _compiles_during(loop) <= 2  # the eager side's calls with fresh ints included
+    assert int(t.live) == int(eager.live) > 0
+    every = np.arange(20, dtype=np.int32)
+    np.testing.assert_array_equal(np.asarray(ht.find(t, every)[1]),
+                                  np.asarray(ht.find(eager, every)[1]))
+    with pytest.raises(OpArgumentError, match="not_seen_for: argument 'steps'.*uint32"):
+        jax.jit(step)(t, batches[0], jnp.int32(3), jnp.uint32(0))
+    with pytest.raises(OpArgumentError, match="counter_below: argument 'threshold'"):
+        ht.counter_below(jnp.zeros(2, jnp.uint32))
 
 
 def test_uint64_keys_export_with_x64_on(placement):

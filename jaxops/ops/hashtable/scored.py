@@ -110,14 +110,31 @@ def _counter_below(scores: SlotScores, params) -> jax.Array:
     return (c.hi < t_hi) | ((c.hi == t_hi) & (c.lo < t_lo))
 
 
-def counter_below(threshold: int) -> SlotPredicate:
-    """A predicate for :func:`evict_if`: the access counter is below ``threshold``.
+def _traced_uint32(op: str, arg: str, x: Any) -> jax.Array | None:
+    """``x`` if it is a uint32 scalar array (a threshold computed inside ``jit``); None
+    for anything else but a JAX array, which is refused (a signed or wider value would be
+    cast silently)."""
+    if not isinstance(x, jax.Array):
+        return None
+    if x.dtype != jnp.uint32 or x.ndim != 0:
+        raise OpArgumentError(op, arg, "a Python int, or a uint32 scalar array (inside jit)",
+                              f"a {x.dtype} array of shape {list(x.shape)}",
+                              f"Pass jnp.uint32({arg}) or {arg}.astype(jnp.uint32).")
+    return x
+
+
+def counter_below(threshold: int | jax.Array) -> SlotPredicate:
+    """A predicate for :func:`evict_if`: the access counter is below ``threshold``, a
+    Python int in ``[0, 2**64)`` or a uint32 scalar array (traced inside ``jit``).
 
     >>> import numpy as np
     >>> s = SlotScores(None, Words64(np.uint32([1, 7]), np.uint32([0, 0])), None, None, None)
-    >>> counter_below(5)(s).tolist()
-    [True, False]
+    >>> counter_below(5)(s).tolist(), counter_below(jnp.uint32(8))(s).tolist()
+    ([True, False], [True, True])
     """
+    traced = _traced_uint32("counter_below", "threshold", threshold)
+    if traced is not None:
+        return SlotPredicate(_counter_below, (traced, jnp.uint32(0)))
     threshold = check_int("counter_below", "threshold", threshold, 0, 2**64 - 1,
                           "an int in [0, 2**64)")
     return SlotPredicate(_counter_below, (jnp.uint32(threshold & 0xFFFFFFFF),
@@ -128,9 +145,13 @@ def _age_at_least(scores: SlotScores, steps) -> jax.Array:
     return scores.age >= steps
 
 
-def not_seen_for(steps: int) -> SlotPredicate:
+def not_seen_for(steps: int | jax.Array) -> SlotPredicate:
     """A predicate for :func:`evict_if`: no lookup touched the slot in the last ``steps``
-    steps (``age >= steps``)."""
+    steps (``age >= steps``), ``steps`` a Python int in ``[0, 2**32)`` or a uint32 scalar
+    array (traced inside ``jit``)."""
+    traced = _traced_uint32("not_seen_for", "steps", steps)
+    if traced is not None:
+        return SlotPredicate(_age_at_least, traced)
     steps = check_int("not_seen_for", "steps", steps, 0, 2**32 - 1, "an int in [0, 2**32)")
     return SlotPredicate(_age_at_least, jnp.uint32(steps))
 
