@@ -53,18 +53,13 @@ class _Compiles:
             self.count += 1
 
 
-def _eager(calls: int, compiles: _Compiles) -> tuple[int, float, int]:
-    table = ht.init_table(1 << 12, 8, initializer_mode="constant")
-    keys = np.arange(256, dtype=np.int64)
-    table, _, _ = ht.lookup_or_insert(table, keys)  # warm: every program compiled once
-    table = ht.evict_if(ht.evict_if(table, ht.not_seen_for(1)), ht.counter_below(1))
+def _loop(calls: int, compiles: _Compiles, table, call) -> tuple[int, float, int]:
+    """Runs ``table = call(table, k)`` for ``k < calls``: the compiles during the loop, the
+    resident growth from the end of its first tenth, and the live keys at the end."""
     compiles.count, compiles.active = 0, True
     early = None
     for k in range(calls):
-        if k % 10 == 0:
-            table, _, _ = ht.lookup_or_insert(table, (keys + k) % 2048)
-        table = ht.evict_if(table, ht.not_seen_for(1000 + k))
-        table = ht.evict_if(table, ht.counter_below(k % 3))
+        table = call(table, k)
         if k == calls // 10:
             jax.block_until_ready(table)
             gc.collect()
@@ -73,6 +68,21 @@ def _eager(calls: int, compiles: _Compiles) -> tuple[int, float, int]:
     compiles.active = False
     gc.collect()
     return compiles.count, _rss_mb() - early, int(table.live)
+
+
+def _eager(calls: int, compiles: _Compiles) -> tuple[int, float, int]:
+    table = ht.init_table(1 << 12, 8, initializer_mode="constant")
+    keys = np.arange(256, dtype=np.int64)
+    table, _, _ = ht.lookup_or_insert(table, keys)  # warm: every program compiled once
+    table = ht.evict_if(ht.evict_if(table, ht.not_seen_for(1)), ht.counter_below(1))
+
+    def call(table, k):
+        if k % 10 == 0:
+            table, _, _ = ht.lookup_or_insert(table, (keys + k) % 2048)
+        table = ht.evict_if(table, ht.not_seen_for(1000 + k))
+        return ht.evict_if(table, ht.counter_below(k % 3))
+
+    return _loop(calls, compiles, table, call)
 
 
 def _jitted(calls: int, compiles: _Compiles) -> tuple[int, float, int]:
@@ -85,18 +95,8 @@ def _jitted(calls: int, compiles: _Compiles) -> tuple[int, float, int]:
     table = ht.init_table(1 << 12, 8, initializer_mode="constant", key_dtype=np.int32)
     keys = jnp.arange(256, dtype=jnp.int32)
     table, _ = step(table, (keys + 1) % 2048, jnp.uint32(1))  # warm: the loop's programs
-    compiles.count, compiles.active = 0, True
-    early = None
-    for k in range(calls):
-        table, _ = step(table, (keys + k) % 2048, jnp.uint32(100 + k % 900))
-        if k == calls // 10:
-            jax.block_until_ready(table)
-            gc.collect()
-            early = _rss_mb()
-    jax.block_until_ready(table)
-    compiles.active = False
-    gc.collect()
-    return compiles.count, _rss_mb() - early, int(table.live)
+    return _loop(calls, compiles, table,
+                 lambda table, k: step(table, (keys + k) % 2048, jnp.uint32(100 + k % 900))[0])
 
 
 def run(quick: bool) -> list[Result]:
