@@ -23,7 +23,7 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError, OpArgumentError
-from jaxops.ops.hashtable import checkpoint_tables
+from jaxops.ops.hashtable import checkpoint_saved
 from jaxops.ops.hashtable.checkpoint_tree import parts
 from jaxops.ops.hashtable.checksums import (add_sums, array_sums, chunk_sums, hex_sums,
                                             host_sums)
@@ -73,7 +73,7 @@ def _entries(table, state=None) -> dict:
 @pytest.mark.parametrize("fill", [9, 16])  # 16 of 16: no empty slot, clusters wrap
 def test_round_trip_across_chunk_boundaries(tmp_path, monkeypatch, chunk, fill):
     per_slot = 21 + 4 * DIM
-    monkeypatch.setattr(checkpoint_tables, "CHUNK_BYTES", chunk * per_slot)
+    monkeypatch.setattr(checkpoint_saved, "CHUNK_BYTES", chunk * per_slot)
     t = _table(n=fill, seed=fill)
     ht.save(t, tmp_path / "t")
     chex.assert_trees_all_equal(table_snapshot(ht.load(tmp_path / "t")), table_snapshot(t))
@@ -287,14 +287,9 @@ def test_a_target_that_differs_from_the_checkpoint_is_refused_by_name(tmp_path):
         ht.checkpoint.Checkpointer().restore(tmp_path / "c")
 
 
-def _save_raw(table, path):
-    """Saves a table whose content a test made invalid (save does not check)."""
-    ht.save(table, path)
-
-
 def _broken(kind):
     t = _table()
-    flags, keys = np.asarray(t.flags), np.asarray(t.key_lo)
+    flags = np.asarray(t.flags)
     used = np.flatnonzero(flags != 0)
     if kind == "unreachable":  # a key moved into the empty slot just before its home
         s = int(used[0])
@@ -322,7 +317,7 @@ def _broken(kind):
 @pytest.mark.parametrize("kind", ["unreachable", "twice", "counts", "flags", "blank"])
 def test_a_table_that_is_not_valid_is_refused_with_valid_checksums(tmp_path, kind):
     table, match = _broken(kind)
-    _save_raw(table, tmp_path / "t")
+    ht.save(table, tmp_path / "t")  # a save does not check
     with pytest.raises(CheckpointError, match=f"corrupt content.*{match}"):
         ht.load(tmp_path / "t")
 

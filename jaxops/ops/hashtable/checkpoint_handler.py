@@ -79,7 +79,7 @@ class TrainStateHandler(ocp.handlers.AsyncCheckpointHandler):
         save_args = {n: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) if np.ndim(x) else
                      ocp.SaveArgs() for n, x in stored.items()}
         futures = await self._pytree.async_save(directory, args=ocp.args.PyTreeSave(
-            stored, save_args=save_args, ocdbt_target_data_file_size=CHUNK_BYTES)) or []
+            stored, save_args=save_args)) or []
         commit = ocp.future.CommitFutureAwaitingContractedSignals(
             self._commit(directory, skeleton, sums), name="jaxops_train_state")
         return [*futures, commit]

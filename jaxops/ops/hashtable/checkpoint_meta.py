@@ -14,6 +14,7 @@ and states' arrays are listed with shapes that fit their layout), and raises
 
 >>> import os, tempfile, numpy as np, jaxops.hashtable as ht
 >>> from jaxops.ops.hashtable.checkpoint_tree import parts
+>>> from jaxops.ops.hashtable.checksums import hex_sums, host_sums
 >>> t = ht.init_table(8, 2, initializer_mode="constant")
 >>> found = parts({"table": t})
 >>> body = make_body(found, {n: [hex_sums(host_sums(np.asarray(x)))] for n, x in found.flat().items()})
@@ -36,7 +37,6 @@ import numpy as np
 from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.checkpoint_tree import SHARD_FIELDS, SLOT_FIELDS, Parts
 from jaxops.ops.hashtable.checks import KEY_DTYPES
-from jaxops.ops.hashtable.checksums import hex_sums, host_sums  # noqa: F401 (doctest)
 from jaxops.ops.hashtable.load_policy import LOAD_POLICIES
 from jaxops.ops.hashtable.table import MAX_BUCKET_SIZE
 

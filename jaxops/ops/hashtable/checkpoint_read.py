@@ -118,12 +118,23 @@ class StoredArrays:
     def read(self, name: str, index: tuple) -> np.ndarray:
         """``array[index]`` of the stored array ``name``, as numpy (an empty array is not
         stored: Orbax refuses them)."""
-        want = self.leaves[name]
-        if 0 in want["shape"]:
-            return np.zeros(want["shape"], want["dtype"])[index]
-        store = self._store(name)
-        with reading(self.directory, name):
-            return np.asarray(store[index].read().result())
+        return self.read_many([name], index)[name]
+
+    def read_many(self, names: list[str], index: tuple) -> dict[str, np.ndarray]:
+        """``{name: array[index]}``, the reads issued together (their I/O overlaps)."""
+        pending = {}
+        for name in names:
+            want = self.leaves[name]
+            if 0 in want["shape"]:
+                pending[name] = np.zeros(want["shape"], want["dtype"])[index]
+            else:
+                with reading(self.directory, name):
+                    pending[name] = self._store(name)[index].read()
+        out = {}
+        for name, p in pending.items():
+            with reading(self.directory, name):
+                out[name] = p if isinstance(p, np.ndarray) else np.asarray(p.result())
+        return out
 
 
 class reading:  # noqa: N801 - a context manager used like a function
