@@ -444,6 +444,38 @@ def test_a_changed_byte_of_the_metadata_is_refused(tmp_path):
         ht.load(tmp_path / "t")
 
 
+@pytest.mark.parametrize("slots,match", [(2**30, "bytes of memory here"),
+                                         (2**26, r"stored as \[16\] uint32, its checksummed "
+                                                 r"metadata says \[67108864\]")])
+def test_a_crafted_size_is_refused_before_anything_is_allocated(tmp_path, slots, match):
+    """A re-signed jaxops.json claiming a huge table: more than the machine holds is refused
+    up front; less, by the stored arrays' real shapes, before the table is allocated."""
+    ht.save(_table(), tmp_path / "t")
+
+    def grow(body):
+        body["tables"]["~root"]["shard_size"] = slots
+        for leaf in body["leaves"].values():
+            if leaf["kind"] == "table" and leaf["shape"]:
+                leaf["shape"][0] = slots
+
+    _rewrite_meta(tmp_path / "t", grow)
+    with pytest.raises(CheckpointError, match=match):
+        ht.load(tmp_path / "t")
+
+
+def test_the_store_refuses_keys_outside_its_directory(tmp_path):
+    """What a crafted OCDBT manifest could name: TensorStore's file store refuses a data file
+    outside its directory (and a checkpoint holding a link is refused, below)."""
+    import tensorstore as ts
+
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "outside").write_bytes(b"secret")
+    store = ts.KvStore.open({"driver": "file", "path": str(tmp_path / "inner") + "/"}).result()
+    for key in ("../outside", "a/../../outside", str(tmp_path / "outside")):
+        with pytest.raises(ValueError, match="Invalid key"):
+            store.read(key).result()
+
+
 def test_links_and_fifos_in_a_checkpoint_are_refused(tmp_path):
     ht.save(_table(), tmp_path / "t")
     outside = tmp_path / "outside"
@@ -478,11 +510,12 @@ def test_save_and_load_errors_name_the_path(tmp_path):
         ht.save(_table(), None)
 
 
-def test_a_save_removes_the_temporary_of_a_killed_save(tmp_path):
-    stale = tmp_path / "t.orbax-checkpoint-tmp-1234"
+def test_a_save_replaces_the_temporary_of_a_killed_save(tmp_path):
+    stale = tmp_path / "t.orbax-checkpoint-tmp"  # Orbax's temporary for "t"
     stale.mkdir()
     (stale / "partial").write_bytes(b"x")
-    other = tmp_path / "u.orbax-checkpoint-tmp-1"  # another checkpoint's: kept
+    other = tmp_path / "u.orbax-checkpoint-tmp"  # another checkpoint's: kept
     other.mkdir()
     ht.save(_table(), tmp_path / "t")
-    assert sorted(os.listdir(tmp_path)) == ["t", "u.orbax-checkpoint-tmp-1"]
+    assert sorted(os.listdir(tmp_path)) == ["t", "u.orbax-checkpoint-tmp"]
+    assert "partial" not in os.listdir(tmp_path / "t")

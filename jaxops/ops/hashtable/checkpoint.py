@@ -14,9 +14,7 @@ checkpoint and to read it back, synchronously: conveniences over
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 from typing import Any
 
 import jax
@@ -29,9 +27,6 @@ from jaxops.ops.hashtable.on_mesh import MeshAxis
 from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
 
 __all__ = ["CheckpointError", "check_path", "load", "save"]
-
-_TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix for a checkpoint being written
-
 
 def check_path(op: str, path: object) -> str:
     """``path`` as a ``str`` if it is a file-system path; else an
@@ -56,8 +51,8 @@ def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
     optimizer states and arrays) to the new directory ``path``; returns when it is
     committed. Every process of a multi-process run must call it.
 
-    A save is atomic (Orbax writes a temporary directory and renames it); a temporary left
-    by a killed save of ``path`` is removed first. ``force=True`` replaces an existing
+    A save is atomic (Orbax writes ``<path>.orbax-checkpoint-tmp`` and renames it; a
+    temporary left by a killed save of ``path`` is replaced). ``force=True`` replaces an existing
     checkpoint, deleting it *before* writing (Orbax's ``force``): keep the previous one with
     ``orbax.checkpoint.CheckpointManager`` instead.
 
@@ -73,9 +68,6 @@ def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"save: {path!r} exists: pass force=True to replace it, or save "
                               "each step to its own directory (CheckpointManager)")
-    if jax.process_index() == 0:
-        for stale in glob.glob(glob.escape(path) + _TMP + "*"):
-            shutil.rmtree(stale, ignore_errors=True)
     with Checkpointer() as ckptr:
         ckptr.save(path, state, force=force)
         ckptr.wait_until_finished()
@@ -129,6 +121,11 @@ def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
         placement = ONE_DEVICE
     m = placement.num_shards
     per = -(-(n * size) // m) if shard_size is None else int(shard_size)
+    need = per * m * (21 + 4 * dim)  # five uint32 words, the flag byte, the row
+    have = _memory(placement)
+    if need > have:  # the checkpoint says how big: refused before anything is allocated
+        raise CheckpointError(f"load: {path!r} holds a table of {per * m} x {dim} slots, "
+                              f"{need} bytes: more than the {have} bytes of memory here")
 
     def make():
         return init_table(per * m, dim, initializer_mode="constant",
@@ -136,3 +133,14 @@ def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
                           placement=placement)
 
     return jax.eval_shape(make) if (n, size) == (m, per) else make()
+
+
+def _memory(placement: Placement) -> int:
+    """The bytes a table on ``placement`` can take at most: its devices' memory limit, or
+    on the CPU the machine's physical memory."""
+    devices = placement.mesh.devices.flat if placement.routes else jax.local_devices()[:1]
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices
+              if hasattr(d, "memory_stats")]
+    if limits and all(limits):
+        return sum(limits)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -83,6 +83,12 @@ class StoredArrays:
         self._open: dict[str, Any] = {}
         self._context = None
 
+    def open(self, name: str) -> None:
+        """Opens the stored array ``name``, checking its shape, dtype and chunks against the
+        metadata (an empty array is not stored)."""
+        if 0 not in self.leaves[name]["shape"]:
+            self._store(name)
+
     def _store(self, name: str):
         if name in self._open:
             return self._open[name]

@@ -73,6 +73,8 @@ class SavedTable:
         per_slot = sum(int(np.prod(body["leaves"][n]["shape"][2 if self.sharded else 1:]))
                        * np.dtype(body["leaves"][n]["dtype"]).itemsize for n in self.slot_names)
         self.step = min(self.per, max(1, CHUNK_BYTES // max(1, per_slot)))
+        for n in self.slot_names:  # stored as listed: checked before anything is allocated
+            stored.open(n)
         self.counts = {f: self.whole(f"{name}.{f}") for f in SHARD_FIELDS}
 
     def whole(self, name: str) -> np.ndarray:
