@@ -108,8 +108,8 @@ class TrainStateHandler(ocp.handlers.AsyncCheckpointHandler):
         check_directory(where)
         found = parts(args.item, "restore")
         _match(body, found, where)
-        leaves = self._restore_plain(directory, found, body, where)
         stored = StoredArrays(where, body["leaves"])
+        leaves = self._restore_plain(directory, found, body, stored)
         tables, states = {}, {}
         for name, table in found.tables.items():
             mine = [s for s in found.states.values() if s.table == name]
@@ -117,13 +117,19 @@ class TrainStateHandler(ocp.handlers.AsyncCheckpointHandler):
             states.update(moved)
         return found.rebuild(leaves, tables, states)
 
-    def _restore_plain(self, directory, found: Parts, body: dict, where: str) -> dict:
+    def _restore_plain(self, directory, found: Parts, body: dict, stored: StoredArrays
+                       ) -> dict:
+        """The plain leaves, restored by Orbax onto the target's shardings, then checked."""
         if not found.leaves:
             return {}
+        where = stored.directory
         types = {n: PY_SCALARS.get(body["leaves"][n]["dtype"]) for n in found.leaves}
         item = {n: types[n]() if types[n] else _with_sharding(x) for n, x in found.leaves.items()}
         empty = {n: _empty(x) for n, x in item.items() if not types[n] and not np.size(x)}
         item = {n: x for n, x in item.items() if n not in empty}
+        for n in item:  # stored shape, dtype and chunks as listed, before Orbax reads
+            if not types[n] and not body["leaves"][n]["dtype"].startswith("key<"):
+                stored.open(n)  # (PRNG keys are stored as their key data)
         out = {}
         if item:
             restore_args = ocp.checkpoint_utils.construct_restore_args(item)

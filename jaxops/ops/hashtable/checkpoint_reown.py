@@ -13,6 +13,19 @@ Per-shard values of a state that are not rows: 64-bit counts (``skipped``) are s
 shard 0, the rest (AdamW's beta powers, optax's ``count``) taken from saved shard 0; the
 table's ``dropped`` is summed onto shard 0 and its ``clock`` is the latest saved one.
 Memory: the new table and its states (the target's copied), plus a chunk on each device.
+
+>>> import os, tempfile, jax.numpy as jnp, numpy as np, jaxops.hashtable as ht
+>>> opt = ht.optim.adagrad(0.1)
+>>> t = ht.init_table(16, 2, initializer_mode="constant")
+>>> t, _, info = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
+>>> t, s = opt.update(t, opt.init(t), info.slots, jnp.ones((5, 2)))
+>>> path = os.path.join(tempfile.mkdtemp(), "t")
+>>> ht.save({"t": t, "s": s}, path)
+>>> big = ht.init_table(64, 2, initializer_mode="constant")
+>>> back = ht.load(path, {"t": big, "s": opt.init(big)})  # 16 -> 64 slots: keys re-owned
+>>> slots = ht.locate(back["t"], np.arange(5, dtype=np.int64))
+>>> back["t"].bucket_size, np.asarray(back["s"].sum_of_squares)[slots, 0].tolist()
+(64, [1.100000023841858, 1.100000023841858, 1.100000023841858, 1.100000023841858, 1.100000023841858])
 """
 
 from __future__ import annotations

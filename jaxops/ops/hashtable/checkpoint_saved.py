@@ -9,6 +9,20 @@ mid-shard is raised after the shard's checksums, so that a damaged file is repor
 checksum mismatch (its cause) rather than as what the damage looks like. Every chunk has
 one shape (compiled once): the last one ends at the shard's end and repeats some slots of
 the one before, which are not summed or checked twice.
+
+>>> import os, tempfile, numpy as np, jaxops.hashtable as ht
+>>> from jaxops.ops.hashtable.checkpoint_meta import read_meta
+>>> from jaxops.ops.hashtable.checkpoint_read import StoredArrays
+>>> t = ht.init_table(16, 2, initializer_mode="constant")
+>>> t, _, _ = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
+>>> path = os.path.join(tempfile.mkdtemp(), "t")
+>>> ht.save(t, path)
+>>> body = read_meta(path)
+>>> saved = SavedTable(StoredArrays(path, body["leaves"]), body, "~root",
+...                    body["tables"]["~root"], [])
+>>> sum(int((rows["~root.flags"][skip:] != 0).sum()) for _, skip, rows, _ in
+...     saved.chunks(0, lambda rows: rows))
+5
 """
 
 from __future__ import annotations

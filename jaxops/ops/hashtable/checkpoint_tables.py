@@ -5,6 +5,18 @@ slots at a time (:class:`~.checkpoint_saved.SavedTable` reads and checks them).
 shards): every shard the process holds is preallocated on its device(s) and filled chunk
 by chunk in place, so a restore needs the new table plus one chunk. **Another layout**:
 the keys are re-owned (:mod:`~.checkpoint_reown`).
+
+>>> import os, tempfile, jax, numpy as np, jaxops.hashtable as ht
+>>> t = ht.init_table(16, 2, initializer_mode="constant")
+>>> t, _, _ = ht.lookup_or_insert(t, np.arange(5, dtype=np.int64))
+>>> path = os.path.join(tempfile.mkdtemp(), "t")
+>>> ht.save(t, path)
+>>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+>>> target = jax.eval_shape(lambda: ht.init_table(16, 2, initializer_mode="constant",
+...                                               placement=ht.MeshAxis(mesh, "d")))
+>>> back = ht.load(path, target)  # one shard of 16 slots: the same layout, on a mesh
+>>> type(back).__name__, int(back.live)
+('ShardedHashTable', 5)
 """
 
 from __future__ import annotations
