@@ -143,6 +143,18 @@ def test_a_train_state_through_a_checkpoint_manager_resumes_exactly(tmp_path):
                                 jax.tree.map(np.asarray, want["emb"]["opt"]))
 
 
+def test_an_async_save_keeps_what_a_donating_step_overwrites(tmp_path):
+    t = _table(size=32, n=5)
+    want = table_snapshot(t)
+    step = jax.jit(lambda t: t.replace(values=t.values + 1, key_lo=t.key_lo ^ 1),
+                   donate_argnums=0)
+    with ht.checkpoint.Checkpointer() as ckptr:
+        ckptr.save(tmp_path / "c", t)
+        jax.block_until_ready(step(t))  # right after the save returned: the commit goes on
+        ckptr.wait_until_finished()
+    chex.assert_trees_all_equal(table_snapshot(ht.load(tmp_path / "c")), want)
+
+
 def test_checkpointer_is_the_standard_checkpointer_for_tables(tmp_path):
     t = _table(placement=_mesh())
     state = {"t": t, "opt": ht.adam_w_init(t)}

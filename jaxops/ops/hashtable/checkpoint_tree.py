@@ -230,15 +230,15 @@ def _has_slot_axis(leaf: Any, table: TablePart) -> bool:
 
 
 def _fits(inner: dict, table: TablePart) -> bool:
-    """Whether a state's leaves are laid out like ``table`` (on a mesh every leaf has the
-    leading shard axis) and at least one has its slot axis or it has none at all."""
-    shapes = [tuple(np.shape(v)) for v in inner.values()]
-    if table.sharded and any(s[:1] != (table.num_shards,) for s in shapes):
-        return False
-    return True
+    """Whether every leaf of a state is laid out like ``table``'s (on a mesh: the leading
+    shard axis)."""
+    return not table.sharded or all(np.shape(v)[:1] == (table.num_shards,)
+                                    for v in inner.values())
 
 
 def _owner_table(op: str, path: tuple, name: str, inner: dict, tables: dict) -> str | None:
+    """The table a state belongs to: of its layout (its rows have the table's slot axis;
+    a state without rows, one scalar per shard), the nearest (see the module docstring)."""
     fits = [t for t in tables.values() if _fits(inner, t)]
     slot_fits = [t for t in fits if any(_has_slot_axis(v, t) for v in inner.values())]
     candidates = slot_fits or ([t for t in fits if not any(
