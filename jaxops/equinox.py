@@ -44,6 +44,7 @@ import equinox as eqx
 import jax
 
 from jaxops.embedding import Bags, EmbeddingCollection, Lookup, TableState
+from jaxops.hashtable import Maintenance
 
 __all__ = ["Embedding"]
 
@@ -85,3 +86,11 @@ class Embedding(eqx.Module):
         """The module after each table's row optimizer step on d loss / d ``looked.rows``."""
         state = self.collection.apply_gradients(self.state, looked, row_grads, step)
         return eqx.tree_at(lambda m: m.state, self, state)
+
+    def maintain(self, headroom: int | None = None
+                 ) -> tuple["Embedding", dict[str, Maintenance]]:
+        """Between jitted steps: ``(module, reports)`` after every table's load policy
+        (grow with its optimizer state, evict, or raise; see
+        :meth:`EmbeddingCollection.maintain`)."""
+        state, reports = self.collection.maintain(self.state, headroom=headroom)
+        return eqx.tree_at(lambda m: m.state, self, state), reports

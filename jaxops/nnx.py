@@ -47,6 +47,7 @@ import jax
 from flax import nnx
 
 from jaxops.embedding import Bags, EmbeddingCollection, Lookup, TableState
+from jaxops.hashtable import Maintenance
 
 __all__ = ["Embedding", "EmbeddingTables"]
 
@@ -95,3 +96,11 @@ class Embedding(nnx.Module):
         """Each table's row optimizer on d loss / d ``looked.rows``, by slot."""
         self.tables.set_value(self.collection.apply_gradients(self.state, looked, row_grads,
                                                               step))
+
+    def maintain(self, headroom: int | None = None) -> dict[str, Maintenance]:
+        """Between jitted steps: every table's load policy (grow with its optimizer state,
+        evict, or raise; see :meth:`EmbeddingCollection.maintain`). Returns each table's
+        report; a table that grew changes shape, so the next jitted step recompiles."""
+        state, reports = self.collection.maintain(self.state, headroom=headroom)
+        self.tables.set_value(state)
+        return reports

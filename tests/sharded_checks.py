@@ -428,8 +428,9 @@ def single_table_inside_shard_map_with_check_vma():
     mesh = mesh_of(8)
     table, _ = fresh_pair(8)
 
-    def local(keys):
-        t, rows, info = ht.lookup_or_insert(table, keys, **COUNTER)
+    def local(keys):  # int32 ids in a 64-bit table: as words, widened where they are known
+        t, rows, info = ht.lookup_or_insert(table, ht.words.Words64(
+            keys.astype(jnp.uint32), jnp.zeros_like(keys, jnp.uint32)), **COUNTER)
         return rows, info.inserted[None]
 
     keys = jnp.arange(8 * BATCH, dtype=jnp.int32) % 37
@@ -578,6 +579,22 @@ def _two_processes_dir() -> str:
         raise AssertionError("the two processes did not finish (their output is in the "
                              "parent test's report)")
     return _two_processes_dir.where
+
+
+@check
+def the_training_recipe_on_8_devices_equals_one_device():
+    # examples/training_recipe.py: a jitted, donated step with maintain between steps; the
+    # table grows with its optimizer state on 8 shards as on one device, losses bit for bit.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "examples"))
+    import training_recipe
+
+    runs = [training_recipe.main(steps=12, batch=128, slots=1024, policy="grow", devices=d)
+            for d in (1, 8)]
+    assert runs[1]["devices"] == 8 and runs[0]["grown"] >= 1, runs
+    for name in ("first_loss", "last_loss", "live", "slots", "lost"):
+        assert runs[0][name] == runs[1][name], (name, runs)
+    assert runs[1]["route_capacity"] is not None
 
 
 @check

@@ -4,17 +4,19 @@
 ``python tests/sharded_multiprocess.py PROCESS_ID PORT OUT_DIR`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4``. Together they hold 8 devices; they
 train a table sharded over all 8 and its AdamW state with the same batches
-(:func:`batches`), check a few global counts, and save the whole state with an Orbax
-``CheckpointManager`` (asynchronously) into ``OUT_DIR/run`` at step :data:`MID` and at the
-end. Then, still together, they restore step :data:`MID` onto the same 8 shards and onto 4
-(two devices of each process: keys re-owned across processes), train on to the end, and
-check that both equal the uninterrupted run. The 8-device child of the same test
+(:func:`batches`) through the jitted, donated train step a user writes (:func:`train`),
+check a few global counts, and save the whole state with an Orbax ``CheckpointManager``
+(asynchronously) into ``OUT_DIR/run`` at step :data:`MID` and at the end. Then, still
+together, they restore step :data:`MID` onto the same 8 shards and onto 4 (two devices of
+each process: keys re-owned across processes), train on to the end, and check that both
+equal the uninterrupted run. The 8-device child of the same test
 (``tests/sharded_checks.py``) then restores these checkpoints in a fresh process: onto 4
 shards against one unsharded table, and step :data:`MID` onto 2 shards, resumed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -36,14 +38,22 @@ def batches():
 
 
 def train(table, state, ht, steps=range(STEPS)):
-    """The steps both runs take: insert (counter admission), then AdamW by slot."""
-    info = None
-    for step, (keys, grads) in enumerate(batches()):
-        if step not in steps:
-            continue
-        table, _, info = ht.lookup_or_insert(table, keys, filter_mode="counter", filter_freq=2)
+    """The steps both runs take, jitted with table and state donated: insert (counter
+    admission), then AdamW by slot; 64-bit ids enter as word pairs."""
+    import jax
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(table, state, words, grads):
+        table, _, info = ht.lookup_or_insert(table, words, filter_mode="counter",
+                                             filter_freq=2)
         table, state = ht.apply_adam_w(table, state, None, grads, lr=0.1, weight_decay=0.01,
                                        slots=info.slots)
+        return table, state, info
+
+    info = None
+    for i, (keys, grads) in enumerate(batches()):
+        if i in steps:
+            table, state, info = step(table, state, ht.words.as_words(keys), grads)
     return table, state, info
 
 
@@ -59,8 +69,9 @@ def keyed(state, ht) -> dict:
     import jax
 
     t, opt = state["table"], state["opt"]
-    get = lambda x: np.asarray(jax.device_get(jax.jit(  # noqa: E731
-        lambda a: a, out_shardings=jax.sharding.NamedSharding(t.mesh, jax.sharding.PartitionSpec()))(x)))
+    whole = jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
+        t.mesh, jax.sharding.PartitionSpec()))
+    get = lambda x: np.asarray(jax.device_get(whole(x)))  # noqa: E731
     flags = get(t.shards.flags).reshape(-1)
     keys = ht.words.to_host_int64(ht.words.Words64(get(t.shards.key_lo).reshape(-1),
                                                    get(t.shards.key_hi).reshape(-1)))
@@ -89,7 +100,7 @@ def main(process_id: int, port: int, out: str) -> None:
     with ocp.CheckpointManager(os.path.join(out, "run")) as mngr:
         table, opt, info = train(start["table"], start["opt"], ht, range(MID))
         mngr.save(MID, args=ht.checkpoint.Save({"table": table, "opt": opt}))
-        table, opt, info = train(table, opt, ht, range(MID, STEPS))
+        table, opt, info = train(table, opt, ht, range(MID, STEPS))  # while it commits
         assert int(info.route.lost) == 0 and int(info.unplaced) == 0
         mngr.save(STEPS, args=ht.checkpoint.Save({"table": table, "opt": opt}))
         mngr.wait_until_finished()

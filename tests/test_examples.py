@@ -53,7 +53,19 @@ def test_sharded_embedding():
     out = load("sharded_embedding").main(steps=20, batch=128)  # the suite's one device
     assert out["last_loss"] < out["first_loss"]
     assert out["same_after_reshard"] and out["live"] > 0
-    assert out["route_capacity"] == 128  # one device: every key goes to it, the whole slice
+    # One device: every key goes to it, each distinct id of a step once (Zipf ids repeat).
+    distinct = max(len(np.unique(ids)) for ids, _ in load("sharded_embedding").batches(20, 128))
+    assert out["route_capacity"] == 1 << (distinct - 1).bit_length() < 128  # a power of two
+
+
+@pytest.mark.parametrize("policy", ["grow", "evict"])
+def test_training_recipe(policy):
+    out = load("training_recipe").main(steps=16, batch=128, slots=1024, policy=policy)
+    assert out["lost"] == 0 and out["last_loss"] < out["first_loss"]
+    if policy == "grow":
+        assert out["grown"] >= 1 and out["slots"] > 1024 and out["compiles"] == 1 + out["grown"]
+    else:
+        assert out["evicted"] > 0 and out["slots"] == 1024 and out["compiles"] == 1
 
 
 def test_click_model(tmp_path):

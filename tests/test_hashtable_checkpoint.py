@@ -95,14 +95,40 @@ def test_static_fields_scores_and_clock_come_back_as_saved(tmp_path):
     t = _scored_table(np.uint64)
     assert len(set(np.asarray(t.last_access).tolist())) >= 3
     ht.save(t, tmp_path / "t")
-    # A target with the default static fields (what plain Orbax would restore them as).
-    target = jax.eval_shape(lambda: ht.init_table(16, 2, initializer_mode="constant"))
-    assert (target.max_load_factor, target.load_policy, target.key_dtype) == (0.9, "error",
-                                                                              "int64")
+    # A target with other static fields (plain Orbax would restore the target's).
+    target = jax.eval_shape(lambda: ht.init_table(16, 2, key=jax.random.key(3)))
+    statics = lambda x: (x.max_load_factor, x.load_policy, x.key_dtype, x.initializer)  # noqa: E731
+    assert statics(target) != statics(t)
     back = ht.load(tmp_path / "t", target)
     chex.assert_trees_all_equal(table_snapshot(back), table_snapshot(t))
-    assert (back.max_load_factor, back.load_policy, back.key_dtype) == (0.75, "evict_lfu",
-                                                                        "uint64")
+    assert statics(back) == statics(t) == (0.75, "evict_lfu", "uint64", ("constant", 0.0))
+
+
+def _rows(key, shape, dtype):
+    return jnp.full(shape, 0.25, dtype)
+
+
+def _other_rows(key, shape, dtype):
+    return jnp.zeros(shape, dtype)
+
+
+def test_initializers_and_route_capacity_come_back(tmp_path):
+    """A callable initializer comes back with the target's function of the same name (code
+    is not saved); a table on a mesh keeps its routing capacity on as many shards."""
+    from jaxops.ops.hashtable.create import initializer_of
+
+    t = ht.init_table(16, 2, initializer_mode="constant").replace(
+        initializer=("callable", _rows, (0, 7)))
+    ht.save(t, tmp_path / "t")
+    like = ht.init_table(16, 2, initializer_mode="constant")
+    back = ht.load(tmp_path / "t", like.replace(initializer=("callable", _rows, None)))
+    assert back.initializer == ("callable", _rows, (0, 7))
+    with pytest.raises(CheckpointError, match="initializer function .*_rows"):
+        ht.load(tmp_path / "t", like.replace(initializer=("callable", _other_rows, None)))
+    assert initializer_of("random", 0.0, None, jax.random.key(5))[0] == "uniform"
+    m = ht.init_table(16, 2, initializer_mode="constant", placement=_mesh())
+    ht.save(m.replace(route_capacity=8), tmp_path / "m")
+    assert ht.load(tmp_path / "m", placement=_mesh()).route_capacity == 8
 
 
 def _train_state(t, opt):
@@ -247,7 +273,9 @@ def test_flax_nnx_and_equinox_states(tmp_path):
     embed = jaxops.equinox.Embedding(coll, key=jax.random.key(0))
     embed, looked = embed.lookup({"user": _bags([5, 6])})
     ht.save(eqx.filter(embed, eqx.is_array), tmp_path / "eqx")
-    like = jaxops.equinox.Embedding(coll, key=jax.random.key(1))
+    # Made as the saved one was (static fields, such as the tables' initializer seed, come
+    # back as saved: eqx.combine needs the module's static part to be the same).
+    like = jaxops.equinox.Embedding(coll, key=jax.random.key(0))
     back = eqx.combine(ht.load(tmp_path / "eqx", eqx.filter(like, eqx.is_array)),
                        eqx.filter(like, eqx.is_array, inverse=True))
     assert int(back.state["ids"].table.live) == 2
@@ -430,7 +458,11 @@ def _rewrite_meta(path, change):
 @pytest.mark.parametrize("change,match", [
     (lambda b: b["tables"]["~root"].__setitem__("load_policy", "bogus"), "load_policy"),
     (lambda b: b["tables"]["~root"].__setitem__("max_load_factor", "0.9"), "max_load_factor"),
-    (lambda b: b["tables"]["~root"].__setitem__("key_dtype", "int32"), "key_dtype"),
+    (lambda b: b["tables"]["~root"].__setitem__("key_dtype", "int16"), "key_dtype"),
+    (lambda b: b["tables"]["~root"].__setitem__("initializer", ["constant"]), "initializer"),
+    (lambda b: b["tables"]["~root"].__setitem__("initializer", ["uniform", 0, 1, [-1]]),
+     "initializer"),
+    (lambda b: b["tables"]["~root"].__setitem__("route_capacity", 8), "route_capacity"),
     (lambda b: b["tables"]["~root"].__setitem__("shard_size", 2**40), "shard_size"),
     (lambda b: b["tables"]["~root"].__setitem__("sharded", 1), "sharded"),
     (lambda b: b["leaves"]["~root.values"].__setitem__("shape", [16, 4]), r"~root\.values"),

@@ -275,8 +275,9 @@ def test_words_are_bit_patterns_for_an_int64_table():
 
 def test_key_dtype_is_checked():
     with pytest.raises(OpArgumentError, match=r"InitEmbeddingHashTable: argument 'key_dtype'.*"
-                                              r"np.int64 or np.uint64.*int32"):
-        ht.init_table(8, 1, initializer_mode="constant", key_dtype=np.int32)
+                                              r"np.int64, np.uint64, np.int32 or np.uint32.*"
+                                              r"int16"):
+        ht.init_table(8, 1, initializer_mode="constant", key_dtype=np.int16)
 
 
 def test_uint64_default_and_filter_keys():

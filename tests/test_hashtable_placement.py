@@ -133,3 +133,51 @@ def test_resize_moves_every_optimizer_state_with_its_keys(placement):
     b1, _ = opt.update(big, state2, ht.locate(big, keys[2:]), grads[2:])
     np.testing.assert_array_equal(np.asarray(ht.find(t1, keys[2:])[0]),
                                   np.asarray(ht.find(b1, keys[2:])[0]))
+
+
+def _compiles_during(fn) -> int:
+    """How many XLA compiles ``fn()`` triggers (JAX's compile-duration events)."""
+    seen = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return len(seen)
+
+
+def test_evict_if_with_fresh_thresholds_compiles_once(placement):
+    """A predicate is data (its threshold traced): a long loop of evict_if calls, each with
+    a new threshold, compiles one program, not one per call (which once exhausted the
+    process's memory maps after ~3,600 calls)."""
+    t = ht.init_table(64, DIM, initializer_mode="constant", placement=placement)
+    t, _, _ = ht.lookup_or_insert(t, np.arange(20, dtype=np.int64))
+    for i in range(3):  # clock 4: keys 0-4 age 2, 5-9 age 1, 10-14 age 0, 15-19 age 3
+        t, _, _ = ht.lookup_or_insert(t, np.arange(5 * i, 5 * i + 5, dtype=np.int64))
+    ht.evict_if(t, ht.not_seen_for(1))  # the first call compiles
+
+    def loop():
+        for k in range(300):
+            out = ht.evict_if(t, ht.not_seen_for(1000 + k))
+            out = ht.evict_if(out, ht.counter_below(k % 3))
+        jax.block_until_ready(out)
+
+    assert _compiles_during(loop) <= 1
+    assert int(ht.evict_if(t, ht.not_seen_for(2)).live) == int(t.live) - 10  # ages 2 and 3
+
+
+def test_uint64_keys_export_with_x64_on(placement):
+    import jaxops
+
+    with jax.enable_x64(True):
+        t = ht.init_table(16, DIM, initializer_mode="constant", key_dtype=np.uint64,
+                          placement=placement)
+        t, _, _ = ht.lookup_or_insert(t, np.array([2**64 - 1, 5], np.uint64))
+        t, keys, *_ = ht.export(t)
+        assert keys.data.dtype == np.uint64
+        assert sorted(ht.host_keys(t, jaxops.refresh(keys)).tolist()) == [5, 2**64 - 1]

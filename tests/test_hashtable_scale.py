@@ -142,9 +142,9 @@ def test_load_limit_error_policy_raises_eagerly_and_reports_in_jit():
         ht.import_(t, np.array([100], np.int64), np.array([1], np.uint64), np.ones(1, np.uint8),
                    np.ones((1, 1), np.float32))
     assert int(t.live) == 9
-    _, _, info = jax.jit(ht.lookup_or_insert)(t, np.array([3, 100], np.int64))
+    _, _, info = jax.jit(ht.lookup_or_insert)(t, ht.words.as_words(np.array([3, 100])))
     assert bool(info.over_limit) and int(info.inserted) == 1
-    _, _, info = jax.jit(ht.lookup_or_insert)(t, np.array([3], np.int64))
+    _, _, info = jax.jit(ht.lookup_or_insert)(t, ht.words.as_words(np.array([3])))
     assert not bool(info.over_limit)
 
 

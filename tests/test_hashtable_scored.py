@@ -168,7 +168,7 @@ def test_evict_policy_makes_room_by_score_before_the_insert():
     assert int(lfu.live) == 8
     with pytest.raises(OpArgumentError, match="at most 8 live keys"):  # no room to make
         ht.lookup_or_insert(t, np.arange(100, 109, dtype=np.int64))
-    _, _, info = jax.jit(ht.lookup_or_insert)(t, np.arange(100, 104, dtype=np.int64))
+    _, _, info = jax.jit(ht.lookup_or_insert)(t, ht.words.as_words(np.arange(100, 104)))
     assert bool(info.over_limit)  # inside jit: reported
 
 

@@ -3,10 +3,11 @@
 The checks live in ``tests/sharded_checks.py`` and run in ONE child process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must precede the child's
 jax import; this process keeps its single device). At the same time two more processes
-(``tests/sharded_multiprocess.py``, ``jax.distributed`` with gloo, 4 devices each) train,
-save and restore a table with its optimizer state; the 8-device child's last checks
-restore those checkpoints in a fresh process (onto 4 shards against one unsharded table,
-and resumed on 2 shards), so its reference programs are those it compiled already. The
+(``tests/sharded_multiprocess.py``, ``jax.distributed`` with gloo, 4 devices each) train
+a table and its optimizer state with a jitted, donated step, save and restore them; the
+8-device child's last checks restore those checkpoints in a fresh process (onto 4 shards
+against one unsharded table, and resumed on 2 shards), so its reference programs are those
+it compiled already. The
 children compile with XLA's backend optimisation off: the checks compare results, not
 speed, and compiling (which dominates their time) takes half as long.
 """

@@ -112,7 +112,8 @@ def test_explain_names_the_walk_path(monkeypatch):
 
 
 def test_find_under_vmap_equals_xla():
-    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=1.0)
+    t = ht.init_table(SLOTS, DIM, initializer_mode="constant", constant_value=1.0,
+                      key_dtype=np.int32)  # JAX int32 ids: a table of 32-bit ids
     t, _, _ = ht.lookup_or_insert(t, np.arange(0, 40, 2, dtype=np.int64))
     batches = jnp.arange(24, dtype=jnp.int32).reshape(3, 8)
     got, want = _both_paths(lambda: jax.vmap(lambda k: ht.find(t, k))(batches))
@@ -172,3 +173,48 @@ def test_find_of_a_crowded_batch_equals_the_xla_walks():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     found = got[0][1]
     assert 2500 < int(found.sum()) < found.size
+
+
+def test_walks_stop_at_the_probe_limit_and_count_the_key():
+    """A run of used slots longer than the probe bound: a key whose home lies in it is not
+    placed even though free slots lie beyond (counted, never silent), a key beyond the run
+    still is, and the native and xla walks agree; a full table costs a bounded walk."""
+    from jaxops.ops.hashtable.probe import PROBE_LIMIT
+
+    size = 2 * PROBE_LIMIT
+    run = PROBE_LIMIT + 64  # slots [0, run) hold keys 10**9 + slot, homes ignored
+    t = ht.init_table(size, 1, initializer_mode="constant")
+    used = np.arange(size) < run
+    t = t.replace(key_lo=jnp.where(used, jnp.arange(size, dtype=jnp.uint32) + 10**9,
+                                   t.key_lo), key_hi=jnp.where(used, 0, t.key_hi),
+                  flags=jnp.where(used, jnp.uint8(ht.cann.VALID), t.flags),
+                  live=jnp.int32(run))
+    t = ht.set_load_policy(t, max_load_factor=1.0)
+    cand = np.arange(200_000, dtype=np.int64)
+    home = np.asarray(ht.cann.home_slot(*ht.words.as_words(cand), size))
+    inside = cand[home < 8][:1]  # walks from the run's start: past PROBE_LIMIT used slots
+    outside = cand[(home > run + 10) & (home < size - 10)][:1]
+    keys = np.concatenate([inside, outside])
+
+    def insert():
+        new, _, info = jax.jit(ht.lookup_or_insert)(t, ht.words.as_words(keys))
+        return info.slots, info.unplaced, new.dropped.lo
+
+    got, want = _both_paths(insert)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    slots, unplaced, dropped = got
+    assert slots[0] == -1 and slots[1] >= run and int(unplaced) == 1 == int(dropped)
+
+
+def test_a_loaded_table_with_a_key_beyond_the_probe_bound_is_refused():
+    from jaxops.ops.hashtable.probe import PROBE_LIMIT
+    from jaxops.ops.hashtable.probe_check import ProbeCheck
+
+    size, run = 2 * PROBE_LIMIT, PROBE_LIMIT + 2
+    flags = (np.arange(size) < run).astype(np.uint8)
+    keys = np.arange(size, dtype=np.uint32)
+    check = ProbeCheck(size)  # every key's home is slot 0: the last ones lie too far
+    with pytest.raises(ValueError, match=rf"slot {PROBE_LIMIT} lies {PROBE_LIMIT} slots past "
+                                         rf"its home slot, beyond the probe bound"):
+        check.feed(0, keys, np.zeros(size, np.uint32), flags, home=np.zeros(size, np.int64))

@@ -18,13 +18,14 @@ PUBLIC = {
     ],
     "jaxops.hashtable": [
         "AdamWState", "CheckpointError", "ExportChunk", "HashTable", "ImportInfo",
-        "LOAD_POLICIES", "LoadDemand", "LookupInfo", "MeshAxis", "ONE_DEVICE", "OneDevice",
+        "LOAD_POLICIES", "LoadDemand", "LookupInfo", "Maintenance", "MeshAxis", "ONE_DEVICE",
+        "OneDevice",
         "Placement", "RouteInfo", "ShardedHashTable", "SlotPredicate", "SlotScores",
         "adam_w_init", "apply_adam_w", "cann", "checkpoint", "compact", "counter_below", "evict",
         "evict_if",
         "evict_lowest", "export", "export_chunks", "find", "gather", "host_keys", "import_",
         "init_sharded_table", "init_table", "load", "locate", "lookup", "lookup_or_insert",
-        "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy", "words",
+        "maintain", "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy", "words",
     ],
     "jaxops.hashtable.checkpoint": ["Checkpointer", "Restore", "Save", "TrainStateHandler"],
     "jaxops.hashtable.cann": [

@@ -10,11 +10,12 @@
 """
 
 from jaxops.embedding.bags import Bags
-from jaxops.embedding.collection import (EmbeddingCollection, Lookup, TableConfig, TableState,
-                                         feature_salt, salt_ids)
+from jaxops.embedding.collection import (EmbeddingCollection, Lookup, TableConfig, TableReport,
+                                         TableState, feature_salt, salt_ids)
 from jaxops.embedding.pooling import POOLINGS, pool
 
 __all__ = [
-    "POOLINGS", "Bags", "EmbeddingCollection", "Lookup", "TableConfig", "TableState",
+    "POOLINGS", "Bags", "EmbeddingCollection", "Lookup", "TableConfig", "TableReport",
+    "TableState",
     "feature_salt", "pool", "salt_ids",
 ]

@@ -37,11 +37,14 @@ from jaxops.hashtable.words import Words64, as_words
 __all__ = ["Bags"]
 
 
-def _ids_and_mask(op: str, ids: Any) -> tuple[Words64, jax.Array | None]:
-    """Ids in any accepted form (a DynArray's padding becomes a mask)."""
-    if isinstance(ids, DynArray):
-        return as_words(ids.data, op, "ids"), ids.valid_mask()
-    return as_words(ids, op, "ids"), None
+def _ids_and_mask(op: str, ids: Any) -> tuple[Words64, jax.Array | None, bool]:
+    """Ids in any accepted form (a DynArray's padding becomes a mask), and whether they came
+    as a JAX array of 32 bits or less with x64 off (ids JAX may have narrowed)."""
+    data = ids.data if isinstance(ids, DynArray) else ids
+    narrow = isinstance(data, jax.Array) and np.dtype(data.dtype).itemsize < 8 \
+        and not jax.config.jax_enable_x64
+    mask = ids.valid_mask() if isinstance(ids, DynArray) else None
+    return as_words(data, op, "ids"), mask, narrow
 
 
 def _weights(op: str, weights: Any, n: int) -> jax.Array | None:
@@ -76,12 +79,15 @@ class Bags:
         segment: int32 ``[N]``: the bag of each id; ``num_bags`` for padding.
         weights: float32 ``[N]`` per-id weights, or None (all 1).
         num_bags: the number of bags ``B`` (static).
+        narrow: static; True when the ids came as a JAX array of 32 bits or less with x64
+            off: 64-bit ids JAX may have narrowed (a table of 64-bit keys refuses them).
     """
 
     ids: Words64
     segment: jax.Array
     weights: jax.Array | None
     num_bags: int = dataclasses.field(metadata=dict(static=True))
+    narrow: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def valid(self) -> jax.Array:
@@ -132,7 +138,7 @@ class Bags:
     @classmethod
     def _from_ends(cls, op: str, ids: Any, ends: jax.Array, start: jax.Array, weights: Any
                    ) -> "Bags":
-        words, mask = _ids_and_mask(op, ids)
+        words, mask, narrow = _ids_and_mask(op, ids)
         if len(words.shape) != 1:
             raise OpArgumentError(op, "ids", "a 1-D array of ids", f"shape {words.shape}")
         n, num_bags = words.shape[0], int(ends.shape[0])
@@ -141,7 +147,7 @@ class Bags:
         segment = jnp.searchsorted(ends, position, side="right").astype(jnp.int32)
         inside = position >= start if mask is None else (position >= start) & mask
         segment = jnp.where(inside, segment, num_bags)
-        return cls(words, segment, _weights(op, weights, n), num_bags)
+        return cls(words, segment, _weights(op, weights, n), num_bags, narrow)
 
     @classmethod
     def from_dense(cls, ids: Any, mask: Any = None, weights: Any = None) -> "Bags":
@@ -153,7 +159,7 @@ class Bags:
             weights: optional float ``[B, L]`` per-id weights.
         """
         op = "Bags.from_dense"
-        words, valid = _ids_and_mask(op, ids)
+        words, valid, narrow = _ids_and_mask(op, ids)
         if len(words.shape) != 2:
             raise OpArgumentError(op, "ids", "a 2-D [num_bags, max_len] array",
                                   f"shape {words.shape}")
@@ -168,5 +174,6 @@ class Bags:
         if valid is not None:
             row = jnp.where(valid, row, num_bags)
         flat = Words64(words.lo.reshape(-1), words.hi.reshape(-1))
-        return cls(flat, row.reshape(-1), _weights(op, weights, num_bags * width), num_bags)
+        return cls(flat, row.reshape(-1), _weights(op, weights, num_bags * width), num_bags,
+                   narrow)
 

@@ -34,6 +34,15 @@ optimizer by slot; no table-sized gradient is ever formed:
 >>> state = train_step(state, batch)
 >>> {name: int(s.table.live) for name, s in state.items()}  # user 3 and item 3: two rows
 {'ids': 4, 'tags': 3}
+
+The tables fill inside the jitted steps, where they cannot grow: between steps,
+:meth:`EmbeddingCollection.maintain` applies each table's load policy (``TableConfig``'s
+``load_policy``: grow with the optimizer state, evict the lowest-scored ids, or raise), from
+what the steps reported (each table's :class:`TableReport`):
+
+>>> state, reports = coll.maintain(state)
+>>> reports["ids"].action, reports["ids"].lost, int(state["ids"].report.steps)
+('none', 0, 0)
 """
 
 from __future__ import annotations
@@ -49,13 +58,15 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.embedding.bags import Bags
 from jaxops.embedding.pooling import check_pooling, pool
-from jaxops.hashtable import (HashTable, LookupInfo, Placement, ShardedHashTable, gather,
-                              init_table, locate, lookup_or_insert)
+from jaxops.hashtable import (HashTable, LookupInfo, Maintenance, Placement, ShardedHashTable,
+                              gather, init_table, locate, lookup_or_insert, maintain,
+                              set_load_policy)
 from jaxops.hashtable.optim import RowOptimizer
 from jaxops.hashtable.words import Words64
+from jaxops.ops.hashtable.create import key_words
 
-__all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableState", "feature_salt",
-           "salt_ids"]
+__all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableReport", "TableState",
+           "feature_salt", "salt_ids"]
 
 _OP = "EmbeddingCollection"
 _PAD = np.uint32(0xFFFFFFFF)  # both words of the padding key -1
@@ -79,6 +90,16 @@ class TableConfig:
         placement: where the table lives: None (one device) or a
             :class:`~jaxops.hashtable.MeshAxis` (a table sharded by key over a mesh axis;
             the training step and the reads are the same).
+        key_dtype: the ids' dtype: ``np.int64`` (64-bit ids; with x64 off pass them to a
+            jitted step as ``ht.words.as_words(ids)`` or numpy, never as a JAX int32 array,
+            which may hold narrowed ids and is refused) or ``np.int32`` / ``np.uint32`` (ids
+            that are 32-bit: JAX int32 arrays welcome).
+        route_capacity: on a mesh, the routing buffers' lanes per destination (see
+            ``lookup_or_insert``); None: each device's batch slice, which nothing overflows.
+        load_policy, max_load_factor: what :meth:`EmbeddingCollection.maintain` does when
+            the table nears its limit (``"error"``, ``"grow"``, ``"evict"``,
+            ``"evict_lfu"``, or a policy registered in ``LOAD_POLICIES``; see
+            :func:`jaxops.hashtable.maintain`).
     """
 
     name: str
@@ -90,13 +111,55 @@ class TableConfig:
     pooling: str = "sum"
     share_ids: bool = False
     placement: Placement | None = None
+    load_policy: str = "error"
+    max_load_factor: float = 0.9
+    key_dtype: Any = np.int64
+    route_capacity: int | None = None
+
+
+class TableReport(NamedTuple):
+    """What a table's lookups reported since the last :meth:`EmbeddingCollection.maintain`
+    (device scalars, accumulated inside the jitted steps).
+
+    Attributes:
+        steps: lookups that inserted.
+        inserted: keys inserted, in all.
+        max_inserted: the most keys one step inserted (the headroom ``maintain`` keeps).
+        unplaced: ids that found no slot (lost to a full table).
+        over_limit: some step left a shard past its load limit.
+        unrouted: ids that did not fit a routing buffer (a table on a mesh).
+        route_needed: the largest routing buffer a step needed (a table on a mesh).
+    """
+
+    steps: jax.Array
+    inserted: jax.Array
+    max_inserted: jax.Array
+    unplaced: jax.Array
+    over_limit: jax.Array
+    unrouted: jax.Array
+    route_needed: jax.Array
+
+    @classmethod
+    def zero(cls) -> "TableReport":
+        count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731  (own buffers: donatable)
+        return cls(count(), count(), count(), count(), jnp.zeros((), bool), count(), count())
+
+    def add(self, info: LookupInfo) -> "TableReport":
+        """This report with one more lookup's ``info``."""
+        return TableReport(self.steps + 1, self.inserted + info.inserted,
+                           jnp.maximum(self.max_inserted, info.inserted),
+                           self.unplaced + info.unplaced, self.over_limit | info.over_limit,
+                           self.unrouted + info.route.lost,
+                           jnp.maximum(self.route_needed, info.route.needed))
 
 
 class TableState(NamedTuple):
-    """A table and its optimizer state (the collection's state maps table names to these)."""
+    """A table, its optimizer state and its :class:`TableReport` (the collection's state
+    maps table names to these)."""
 
     table: HashTable | ShardedHashTable
     opt_state: Any
+    report: TableReport | None = None
 
 
 class Lookup(NamedTuple):
@@ -144,13 +207,15 @@ def salt_ids(feature: str, ids: Words64) -> Words64:
 def _initial_values(config: TableConfig, key: jax.Array) -> Any:
     init = config.initializer
     size, dim = config.bucket_size, config.embedding_dim
-    where = dict(placement=config.placement)
+    where = dict(placement=config.placement, key_dtype=config.key_dtype)
     if config.placement is not None:  # a whole number of slots per shard
         size = -(-size // config.placement.num_shards) * config.placement.num_shards
     if init is None:
         return init_table(size, dim, key=key, **where)
-    if callable(init):
-        return init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32), **where)
+    if callable(init):  # grown tables draw their new rows from it too
+        table = init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32),
+                           **where)
+        return table.replace(initializer=("callable", init, key_words(key)))
     return init_table(size, dim, initializer_mode="constant", constant_value=float(init),
                       **where)
 
@@ -192,7 +257,10 @@ class EmbeddingCollection:
         state = {}
         for i, config in enumerate(self.tables):
             table = _initial_values(config, jax.random.fold_in(key, i))
-            state[config.name] = TableState(table, config.optimizer.init(table))
+            table = set_load_policy(table, max_load_factor=config.max_load_factor,
+                                    policy=config.load_policy)
+            state[config.name] = TableState(table, config.optimizer.init(table),
+                                            TableReport.zero())
         return state
 
     def _keys(self, config: TableConfig, feature: str, bags: Bags) -> Words64:
@@ -210,6 +278,14 @@ class EmbeddingCollection:
             if not isinstance(bags, Bags):
                 raise OpArgumentError(_OP, f"features[{name!r}]", "a jaxops.embedding.Bags",
                                       type(bags).__name__)
+            key_dtype = np.dtype(self._table_of[name].key_dtype).name
+            if bags.narrow and key_dtype in ("int64", "uint64"):
+                raise OpArgumentError(
+                    _OP, f"features[{name!r}]", f"{key_dtype} ids as words (ht.words.as_words"
+                    "(ids)) or numpy with jax_enable_x64 off", "Bags of a JAX int32 array: "
+                    "JAX may have narrowed 64-bit ids to it", "Make the Bags from "
+                    "ht.words.as_words(ids) on the host, or give the table "
+                    "TableConfig(key_dtype=np.int32) if the ids are 32-bit.")
         groups: dict[str, list[str]] = {}
         for config in self.tables:
             given = [f for f in config.features if f in features]
@@ -241,13 +317,20 @@ class EmbeddingCollection:
             table = state[table_name].table
             if insert:
                 table, got, info[table_name] = lookup_or_insert(
-                    table, words, filter_key_flag=True, filter_key=-1)
+                    table, words, filter_key_flag=True, filter_key=-1,
+                    route_capacity=config.route_capacity)
                 at = info[table_name].slots
-                state[table_name] = state[table_name]._replace(table=table)
+                report = state[table_name].report
+                state[table_name] = state[table_name]._replace(
+                    table=table, report=None if report is None else report.add(info[table_name]))
             else:
-                at = locate(table, words)
+                at = locate(table, words, route_capacity=config.route_capacity,
+                            with_route=config.route_capacity is not None)
+                at = at[0] if config.route_capacity is not None else at
                 at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
-                got, info[table_name] = gather(table, at), None
+                got = gather(table, at, route_capacity=config.route_capacity,
+                             with_route=config.route_capacity is not None)
+                got, info[table_name] = got[0] if config.route_capacity is not None else got, None
             bounds = np.cumsum([k.lo.shape[0] for k in keys])[:-1]
             for f, r, s in zip(group, jnp.split(got, bounds), jnp.split(at, bounds)):
                 rows[f], slots[f], bags[f] = r, s, features[f]
@@ -279,6 +362,45 @@ class EmbeddingCollection:
             g = jnp.concatenate([grads[f] for f in group])
             table, opt_state = config.optimizer.update(state[table_name].table,
                                                        state[table_name].opt_state, slots, g,
-                                                       step)
-            state[table_name] = TableState(table, opt_state)
+                                                       step, route_capacity=config.route_capacity)
+            state[table_name] = state[table_name]._replace(table=table, opt_state=opt_state)
         return state
+
+    def maintain(self, state: Mapping[str, TableState], *, headroom: int | None = None
+                 ) -> tuple[dict[str, TableState], dict[str, Maintenance]]:
+        """Every table's load policy, between jitted steps (see
+        :func:`jaxops.hashtable.maintain`): a table near its limit grows with its optimizer
+        state (new slots from the table's initializer) or evicts its lowest-scored ids
+        (their optimizer state reset), as its :class:`TableConfig` says; with ``"error"``
+        a table past its limit, or one that lost ids, raises, naming it. A table on a mesh
+        without a ``route_capacity`` of its config gets routing buffers of twice what the
+        steps needed (each device sends each distinct id once: the buffers hold a fraction
+        of the batch).
+
+        Args:
+            state: the state after some steps.
+            headroom: new ids the next steps may add to each table; default: twice the
+                most one step inserted since the last call.
+
+        Returns:
+            ``(state, reports)``: the state (reports reset) and each table's
+            :class:`~jaxops.hashtable.Maintenance`, which also counts the ids lost.
+        """
+        state = dict(state)
+        reports = jax.device_get({name: s.report for name, s in state.items()
+                                  if s.report is not None})
+        done = {}
+        for config in self.tables:
+            table_state = state[config.name]
+            seen = reports.get(config.name)
+            room = headroom if headroom is not None else \
+                (2 * int(seen.max_inserted) if seen is not None else 0)
+            table, (opt_state,), done[config.name] = maintain(
+                table_state.table, [(table_state.opt_state, config.optimizer.init)],
+                headroom=room, lost=int(seen.unplaced) if seen is not None else 0,
+                route_needed=int(seen.route_needed) if seen is not None
+                and config.route_capacity is None else 0, name=config.name)
+            if seen is not None:
+                done[config.name] = done[config.name]._replace(unrouted=int(seen.unrouted))
+            state[config.name] = TableState(table, opt_state, TableReport.zero())
+        return state, done

@@ -9,7 +9,8 @@ operation below takes a table on any placement and behaves the same.
 - operations: :func:`lookup_or_insert`, :func:`find`, :func:`lookup`, :func:`locate`,
   :func:`gather`, :func:`evict`, :func:`evict_lowest`, :func:`evict_if`, :func:`import_`,
   :func:`export`, :func:`export_chunks`, :func:`resize`, :func:`compact`,
-  :func:`set_load_policy`, :func:`apply_adam_w` / :func:`adam_w_init`, :func:`save`,
+  :func:`set_load_policy`, :func:`maintain` (the load policy between jitted steps),
+  :func:`apply_adam_w` / :func:`adam_w_init`, :func:`save`,
   :func:`load`, :func:`host_keys`;
 - what they report: :class:`LookupInfo`, :class:`ImportInfo`, :class:`RouteInfo`,
   :class:`ExportChunk`, :class:`AdamWState`, :class:`SlotScores`, :class:`LoadDemand`;
@@ -34,7 +35,8 @@ from jaxops.ops.hashtable.evicting import evict
 from jaxops.ops.hashtable.exporting import ExportChunk, export, export_chunks
 from jaxops.ops.hashtable.importing import ImportInfo, import_
 from jaxops.ops.hashtable.inserting import LookupInfo, lookup_or_insert
-from jaxops.ops.hashtable.load_policy import LOAD_POLICIES, LoadDemand, set_load_policy
+from jaxops.ops.hashtable.load_policy import (LOAD_POLICIES, LoadDemand, Maintenance, maintain,
+                                             set_load_policy)
 from jaxops.ops.hashtable.on_mesh import MeshAxis, ShardedHashTable
 from jaxops.ops.hashtable.placement import ONE_DEVICE, OneDevice, Placement
 from jaxops.ops.hashtable.reading import find, gather, locate, lookup
@@ -48,10 +50,10 @@ from jaxops.hashtable import cann, checkpoint, optim, words  # noqa: E402,F401  
 
 __all__ = [
     "AdamWState", "CheckpointError", "ExportChunk", "HashTable", "ImportInfo", "LOAD_POLICIES",
-    "LoadDemand", "LookupInfo", "MeshAxis", "ONE_DEVICE", "OneDevice", "Placement",
+    "LoadDemand", "LookupInfo", "Maintenance", "MeshAxis", "ONE_DEVICE", "OneDevice", "Placement",
     "RouteInfo", "ShardedHashTable", "SlotPredicate", "SlotScores", "adam_w_init",
     "apply_adam_w", "cann", "checkpoint", "compact", "counter_below", "evict", "evict_if", "evict_lowest",
     "export", "export_chunks", "find", "gather", "host_keys", "import_", "init_sharded_table",
-    "init_table", "load", "locate", "lookup", "lookup_or_insert", "not_seen_for", "optim",
+    "init_table", "load", "locate", "lookup", "lookup_or_insert", "maintain", "not_seen_for", "optim",
     "owner_shard", "resize", "save", "set_load_policy", "words",
 ]

@@ -47,11 +47,12 @@ def _varying(x) -> frozenset:
     return frozenset(kind.varying) if kind is not None else frozenset()
 
 
-def find_slots(key_lo, key_hi, flags, lo, hi, active):
-    """``(slot, dist, flags, reuse)`` of each key (``probe.find_slots`` with reuse)."""
+def find_slots(key_lo, key_hi, flags, lo, hi, active, limit):
+    """``(slot, dist, flags, reuse)`` of each key (``probe.find_slots`` with reuse), each
+    walk at most ``limit`` slots long."""
     n = lo.shape[0]
     return _call("jaxops_hash_find", [((n,), i32), ((n,), i32), ((n,), u8), ((n,), i32)],
-                 key_lo, key_hi, flags, lo, hi, active)
+                 key_lo, key_hi, flags, lo, hi, active, limit=np.int64(limit))
 
 
 def first_occurrences(lo, hi, pending):
@@ -59,12 +60,12 @@ def first_occurrences(lo, hi, pending):
     return _call("jaxops_hash_first", [((lo.shape[0],), i32)], lo, hi, pending)[0]
 
 
-def place_new_keys(flags, home, start, pending, own):
-    """``(slot_of, flags)``: each pending key's slot (-1: none) and the flags with every
-    handed-out slot marked PENDING (the caller overwrites them); ``flags`` is updated in
-    place."""
+def place_new_keys(flags, home, start, pending, own, limit):
+    """``(slot_of, flags)``: each pending key's slot (-1: none within ``limit`` slots of its
+    home) and the flags with every handed-out slot marked PENDING (the caller overwrites
+    them); ``flags`` is updated in place."""
     return _call("jaxops_hash_place", [((home.shape[0],), i32), (flags.shape, u8)],
-                 flags, home, start, pending, own, aliases={0: 1})
+                 flags, home, start, pending, own, aliases={0: 1}, limit=np.int64(limit))
 
 
 def gather_rows(values, slots, default_value):
@@ -73,12 +74,13 @@ def gather_rows(values, slots, default_value):
                  values, slots, fill=np.float32(default_value))[0]
 
 
-def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value):
+def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value, limit):
     """``(rows, slots)``: ``gather_rows`` of the live slots ``find_slots`` gives, in one pass
     (slot -1 and ``default_value`` rows for absent keys and tombstones)."""
     n = lo.shape[0]
     slots, rows = _call("jaxops_hash_find_rows", [((n,), i32), ((n, values.shape[1]), jnp.float32)],
-                        key_lo, key_hi, flags, values, lo, hi, fill=np.float32(default_value))
+                        key_lo, key_hi, flags, values, lo, hi, fill=np.float32(default_value),
+                        limit=np.int64(limit))
     return rows, slots
 
 

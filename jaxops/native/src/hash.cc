@@ -140,13 +140,14 @@ void home_slots(const uint32_t* lo, const uint32_t* hi, int64_t n, uint32_t size
 inline int64_t wrap(int64_t s, int64_t size) { return s >= size ? s - size : s; }
 
 // The live slot of key (lo, hi) walking from `home` (-1: absent, or a tombstone holds it):
-// the first slot that is empty or holds the key decides. The first four slots are tested
-// at once (SSE2: no branch per slot, most walks end there); longer walks go on one by one.
+// the first slot that is empty or holds the key decides, within `limit` slots (the probe
+// bound: no key lies farther from its home). The first four slots are tested at once
+// (SSE2: no branch per slot, most walks end there); longer walks go on one by one.
 inline int32_t live_slot(const uint32_t* klo, const uint32_t* khi, const uint8_t* fl,
-                         int64_t size, int64_t home, uint32_t lo, uint32_t hi) {
+                         int64_t size, int64_t limit, int64_t home, uint32_t lo, uint32_t hi) {
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (home + 4 <= size) {
+  if (home + 4 <= size && limit >= 4) {
     const __m128i match = _mm_and_si128(
         _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + home)),
                         _mm_set1_epi32(static_cast<int>(lo))),
@@ -164,7 +165,7 @@ inline int32_t live_slot(const uint32_t* klo, const uint32_t* khi, const uint8_t
     d = 4;
   }
 #endif
-  for (; d < size; ++d) {
+  for (; d < limit; ++d) {
     const int64_t s = wrap(home + d, size);
     const uint8_t f = fl[s];
     if (f == 0) return -1;  // empty: absent
@@ -311,8 +312,10 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
                     ffi::Buffer<ffi::PRED> active, ffi::Result<ffi::Buffer<ffi::S32>> slot,
                     ffi::Result<ffi::Buffer<ffi::S32>> dist,
                     ffi::Result<ffi::Buffer<ffi::U8>> found_flags,
-                    ffi::Result<ffi::Buffer<ffi::S32>> reuse, ffi::ThreadPool pool) {
+                    ffi::Result<ffi::Buffer<ffi::S32>> reuse, int64_t limit,
+                    ffi::ThreadPool pool) {
   const int64_t size = flags.element_count(), n = lo.element_count();
+  limit = std::min(limit, size);
   if (key_lo.element_count() != size || key_hi.element_count() != size ||
       hi.element_count() != n || active.element_count() != n || slot->element_count() != n)
     return bad("HashFind: table arrays [bucket_size] and key arrays [N] expected");
@@ -348,7 +351,7 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
       if (on[i]) {
         const uint32_t want_lo = ql[i], want_hi = qh[i];
         int64_t d = 0;
-        for (; d < size; ++d) {
+        for (; d < limit; ++d) {
           const int64_t s = wrap(home + d, size);
           const uint8_t f = fl[s];
           if (f == 0) break;  // empty: the key is absent
@@ -433,8 +436,9 @@ ffi::Error HashFirst(ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
 ffi::Error HashPlace(ffi::Buffer<ffi::U8> flags_in, ffi::Buffer<ffi::S32> home,
                      ffi::Buffer<ffi::S32> start, ffi::Buffer<ffi::PRED> pending,
                      ffi::Buffer<ffi::S32> own, ffi::Result<ffi::Buffer<ffi::S32>> slot_of,
-                     ffi::Result<ffi::Buffer<ffi::U8>> flags) {
+                     ffi::Result<ffi::Buffer<ffi::U8>> flags, int64_t limit) {
   const int64_t size = flags->element_count(), n = home.element_count();
+  limit = std::min(limit, size);
   if (flags_in.element_count() != size || start.element_count() != n ||
       pending.element_count() != n || own.element_count() != n || slot_of->element_count() != n)
     return bad("HashPlace: flags [bucket_size] and key arrays [N] expected");
@@ -462,7 +466,7 @@ ffi::Error HashPlace(ffi::Buffer<ffi::U8> flags_in, ffi::Buffer<ffi::S32> home,
       out[i] = static_cast<int32_t>(wrap(int64_t{hm[i]} + ow[i], size));
       continue;
     }
-    for (int64_t d = st[i]; d < size; ++d) {
+    for (int64_t d = st[i]; d < limit; ++d) {
       const int64_t s = wrap(int64_t{hm[i]} + d, size);
       if (claim(s)) {
         out[i] = static_cast<int32_t>(s);
@@ -519,9 +523,10 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
                         ffi::Buffer<ffi::U8> flags, ffi::Buffer<ffi::F32> values,
                         ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::U32> hi,
                         ffi::Result<ffi::Buffer<ffi::S32>> slot,
-                        ffi::Result<ffi::Buffer<ffi::F32>> rows, float fill,
+                        ffi::Result<ffi::Buffer<ffi::F32>> rows, float fill, int64_t limit,
                         ffi::ThreadPool pool) {
   const int64_t size = flags.element_count(), n = lo.element_count();
+  limit = std::min(limit, size);
   auto vd = values.dimensions();
   if (key_lo.element_count() != size || key_hi.element_count() != size || vd.size() != 2 ||
       vd[0] != size || hi.element_count() != n || slot->element_count() != n ||
@@ -540,7 +545,7 @@ ffi::Error HashFindRows(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_
     walk_in_home_order(
         pool, klo, khi, fl, size, 4 * dim + 9, lo.typed_data(), hi.typed_data(), n,
         [&](const HomeEntry& e) { prefetch_for_write(out_slot + e.index); },  // a random line
-        [&](const HomeEntry& e) { out_slot[e.index] = live_slot(klo, khi, fl, size, e.home, e.lo, e.hi); });
+        [&](const HomeEntry& e) { out_slot[e.index] = live_slot(klo, khi, fl, size, limit, e.home, e.lo, e.hi); });
     copy_rows(pool, v, size, dim, out_slot, n, fill, out);  // the rows, in input order
     return ffi::Error::Success();
   });
@@ -561,6 +566,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashFind, jaxops::HashFind,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::U8>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Attr<int64_t>("limit")
                                   .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashFirst, jaxops::HashFirst,
@@ -579,7 +585,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashPlace, jaxops::HashPlace,
                                   .Arg<xla::ffi::Buffer<xla::ffi::PRED>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::U8>>());
+                                  .Ret<xla::ffi::Buffer<xla::ffi::U8>>()
+                                  .Attr<int64_t>("limit"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashRows, jaxops::HashRows,
                               xla::ffi::Ffi::Bind()
@@ -600,4 +607,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsHashFindRows, jaxops::HashFindRows,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Attr<float>("fill")
+                                  .Attr<int64_t>("limit")
                                   .Ctx<xla::ffi::ThreadPool>());

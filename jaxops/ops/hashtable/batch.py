@@ -49,8 +49,7 @@ def flat_words(op: str, keys: Any, key_dtype: str | None = None, arg: str = "key
     """Keys in any accepted form as flat :class:`Words64`, and the keys' shape (host keys
     are flattened on the host: an eager reshape is a dispatch of its own)."""
     if isinstance(keys, np.ndarray) and keys.ndim != 1:
-        words = as_words(keys.reshape(-1), op, arg, key_dtype)
-        return words, keys.shape
+        return as_words(keys, op, arg, key_dtype, flat=True), keys.shape
     words = as_words(keys, op, arg, key_dtype)
     if words.lo.ndim == 1:
         return words, words.shape
@@ -172,6 +171,32 @@ def group_count(first: jax.Array, member: jax.Array) -> jax.Array:
     n = first.shape[0]
     counts = jnp.zeros(n, jnp.int32).at[jnp.where(member, first, n)].add(1, mode="drop")
     return jnp.where(member, take(counts, first), 0)
+
+
+def group_weight(first: jax.Array, member: jax.Array, weights: jax.Array) -> jax.Array:
+    """For each member, the sum of its group's ``weights`` (0 for non-members)."""
+    n = first.shape[0]
+    totals = jnp.zeros(n, weights.dtype).at[jnp.where(member, first, n)].add(weights,
+                                                                              mode="drop")
+    return jnp.where(member, take(totals, first), 0)
+
+
+def group_prefix(first: jax.Array, member: jax.Array, weights: jax.Array) -> jax.Array:
+    """For each member, the sum of ``weights`` over the members of its group before it (in
+    index order): the occurrences of its key that come first. O(n log n) (one sort).
+
+    >>> group_prefix(jnp.array([0, 1, 0, 0]), jnp.ones(4, bool), jnp.array([2, 1, 3, 1])).tolist()
+    [0, 0, 2, 5]
+    """
+    n = first.shape[0]
+    group = jnp.where(member, first, n)
+    order = jnp.argsort(group, stable=True)  # groups together, each in index order
+    w = jnp.where(member, weights, 0)[order]
+    before = jnp.cumsum(w) - w
+    g = group[order]
+    starts = jnp.concatenate([jnp.ones(1, bool), g[1:] != g[:-1]])
+    base = jax.lax.cummax(jnp.where(starts, before, 0))  # the prefix at the group's start
+    return jnp.zeros(n, weights.dtype).at[order].set(before - base, unique_indices=True)
 
 
 def group_sum(first: jax.Array, member: jax.Array, rows: jax.Array) -> jax.Array:

@@ -144,7 +144,8 @@ def apply_adam_w(table: Any, state: AdamWState, keys: Any, grads: jax.Array, *, 
                                              capacity=capacity)
         return place.rebuild(table, new, route.lost), opt, route
 
-    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
+    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow,
+                      table)[:2]
 
 
 def _adam_on_shard(router, statics, state, batch, active, hyper):

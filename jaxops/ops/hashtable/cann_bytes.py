@@ -28,6 +28,8 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.checks import check_int, check_key_dtype, check_numeric
 from jaxops.ops.hashtable.host_chunks import HostRows
+from jaxops.ops.hashtable.murmur import home_slot
+from jaxops.ops.hashtable.probe_check import ProbeCheck
 from jaxops.ops.hashtable.placement import placement_of
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.ops.hashtable.words import as_counter
@@ -36,6 +38,7 @@ __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "pa
            "row_bytes", "to_cann_bytes"]
 
 _KNOWN_FLAGS = VALID | FILTER | EXPORT | EVICTED
+_home = jax.jit(home_slot, static_argnums=2)
 _CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in this byte
 
 
@@ -91,7 +94,9 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
 
     Raises:
         OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
-            disagrees with VALID, an empty slot that is not blank, or unknown flag bits.
+            disagrees with VALID, an empty slot that is not blank, or unknown flag bits;
+            or a structure the walks would not read right (a key unreachable from its
+            home slot or beyond the probe bound, a key held twice).
     """
     op = "from_cann_bytes"
     key_dtype = check_key_dtype(op, key_dtype)
@@ -103,6 +108,14 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
         raise OpArgumentError(op, "buffer", f"uint8 rows of {width} bytes (embedding_dim "
                               f"{embedding_dim})", f"{buf.dtype} of shape {buf.shape}")
     rows = parse_cann_rows(buf.reshape(-1, width), embedding_dim, op)
+    check = ProbeCheck(rows.flags.shape[0])
+    try:
+        check.feed(0, rows.key_lo, rows.key_hi, rows.flags, np.asarray(
+            _home(rows.key_lo, rows.key_hi, rows.flags.shape[0])))
+        check.finish()
+    except ValueError as e:
+        raise OpArgumentError(op, "buffer", "buckets of a table the walks read right",
+                              str(e)) from None
     live, not_exported = live_counts(rows.flags)
     return HashTable(*(jnp.asarray(f) for f in rows[:6]),
                      last_access=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live),

@@ -188,7 +188,7 @@ def _check_leaf(where: str, name: str, leaf: Any) -> None:
 def _check_table(where: str, name: str, table: Any, leaves: dict) -> None:
     field = f"tables[{name!r}]"
     keys = {"sharded", "num_shards", "shard_size", "embedding_dim", "max_load_factor",
-            "load_policy", "key_dtype"}
+            "load_policy", "key_dtype", "initializer", "route_capacity"}
     if not isinstance(table, dict) or set(table) != keys:
         _fail(where, field, table, f"an object with {sorted(keys)}")
     if type(table["sharded"]) is not bool:
@@ -206,6 +206,11 @@ def _check_table(where: str, name: str, table: Any, leaves: dict) -> None:
               f"one of {sorted(LOAD_POLICIES)}")
     if table["key_dtype"] not in KEY_DTYPES:
         _fail(where, f"{field}.key_dtype", table["key_dtype"], f"one of {list(KEY_DTYPES)}")
+    _check_initializer(where, f"{field}.initializer", table["initializer"])
+    capacity = table["route_capacity"]
+    if capacity is not None and (not table["sharded"] or type(capacity) is not int or
+                                 capacity < 1):
+        _fail(where, f"{field}.route_capacity", capacity, "null, or an int >= 1 on a mesh")
     lead = [n] if table["sharded"] else []
     want = {f: lead + [per] for f in SLOT_FIELDS}
     want["values"] = lead + [per, dim]
@@ -219,6 +224,24 @@ def _check_table(where: str, name: str, table: Any, leaves: dict) -> None:
                     n if lead and f != "unrouted" else 1):
             _fail(where, f"leaves[{name + '.' + f!r}]", leaf,
                   f"a table array of shape {shape}, dtype {_TABLE_DTYPES[f]}")
+
+
+def _check_initializer(where: str, field: str, init: Any) -> None:
+    """``["constant", number]``, ``["uniform", low, high, seed]``, ``["sampled"]`` or
+    ``["callable", name, seed]``, a seed being null or a list of uint32 words."""
+    number = lambda x: type(x) in (int, float)  # noqa: E731
+    seed = lambda x: x is None or (isinstance(x, list) and len(x) <= 8 and all(  # noqa: E731
+        type(w) is int and 0 <= w < 2**32 for w in x))
+    ok = isinstance(init, list) and bool(init) and (
+        (init[0] == "constant" and len(init) == 2 and number(init[1])) or
+        (init[0] == "uniform" and len(init) == 4 and number(init[1]) and number(init[2])
+         and seed(init[3])) or
+        (init == ["sampled"]) or
+        (init[0] == "callable" and len(init) == 3 and isinstance(init[1], str)
+         and len(init[1]) < 400 and seed(init[2])))
+    if not ok:
+        _fail(where, field, init, "['constant', x], ['uniform', low, high, seed], ['sampled'] "
+              "or ['callable', name, seed]")
 
 
 def _check_state(where: str, name: str, state: Any, body: dict) -> None:

@@ -90,9 +90,11 @@ def reown(saved: SavedTable, target: TablePart, states: list[StatePart]):
     new, _ = place.map(_counts_on_shard, None, new, (words[0], words[1]), donate=True)
     new = new.replace(**saved.statics)
     table = place.rebuild(None, new)
+    if target.sharded:
+        table = table.replace(route_capacity=saved.route_capacity)
     if target.sharded and saved.sharded:
         table = table.replace(unrouted=put_small(saved.whole(f"{saved.name}.unrouted"), target,
-                                            table.placement.sharding))
+                                                 table.placement.sharding))
     out = {}
     for s, st in zip(states, new_states):
         leaves = dict(zip(state_names(s), jax.tree.leaves(st)))

@@ -18,8 +18,9 @@ the one before, which are not summed or checked twice.
 >>> path = os.path.join(tempfile.mkdtemp(), "t")
 >>> ht.save(t, path)
 >>> body = read_meta(path)
+>>> from jaxops.ops.hashtable.checkpoint_tree import parts
 >>> saved = SavedTable(StoredArrays(path, body["leaves"]), body, "~root",
-...                    body["tables"]["~root"], [])
+...                    body["tables"]["~root"], [], parts(t).tables["~root"])
 >>> sum(int((rows["~root.flags"][skip:] != 0).sum()) for _, skip, rows, _ in
 ...     saved.chunks(0, lambda rows: rows))
 5
@@ -39,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.checkpoint_read import CHUNK_BYTES, release_freed
 from jaxops.ops.hashtable.checkpoint_tree import (SHARD_FIELDS, SLOT_FIELDS, StatePart,
-                                                  TablePart, leaf_name)
+                                                  TablePart, initializer_from_json, leaf_name)
 from jaxops.ops.hashtable.checksums import (add_sums, chunk_sums, hex_sums, host_sums,
                                             words_per_element)
 from jaxops.ops.hashtable.murmur import home_slot
@@ -77,10 +78,18 @@ class SavedTable:
     """The saved arrays of one table (``name``) and its ``states``, read and checked by
     chunks (see the module docstring)."""
 
-    def __init__(self, stored, body, name, saved, states):
+    def __init__(self, stored, body, name, saved, states, target: TablePart):
         self.stored, self.body, self.name = stored, body, name
         self.sharded, self.n, self.per = saved["sharded"], saved["num_shards"], saved["shard_size"]
+        where = f"{stored.directory!r}: table {name!r}"
         self.statics = {k: saved[k] for k in ("max_load_factor", "load_policy", "key_dtype")}
+        self.statics["initializer"] = initializer_from_json(saved["initializer"],
+                                                            target.storage.initializer, where)
+        # A routing capacity is per destination shard: kept on as many shards, else the
+        # target's.
+        same = saved["sharded"] and saved["num_shards"] == target.num_shards
+        self.route_capacity = saved["route_capacity"] if same else getattr(
+            target.table, "route_capacity", None)
         self.dim = saved["embedding_dim"]
         self.slot_names = [f"{name}.{f}" for f in SLOT_FIELDS] + [
             n for s in states for n in body["states"][s.name]["slot"]]

@@ -60,7 +60,7 @@ def restore_table(stored: StoredArrays, body: dict, target: TablePart,
                               f"embedding_dim {target.storage.embedding_dim}")
     for s in states:
         check_state_shapes(body, saved, target, s)
-    reader = SavedTable(stored, body, target.name, saved, states)
+    reader = SavedTable(stored, body, target.name, saved, states, target)
     if (saved["num_shards"], saved["shard_size"]) == (target.num_shards, target.shard_size):
         return _same_layout(reader, target, states)
     for what, x in [(target.where, target.storage.values)] + [
@@ -152,4 +152,4 @@ def _table(saved: SavedTable, target: TablePart, slots: dict, counts: dict, wher
         return storage
     unrouted = saved.whole(f"{saved.name}.unrouted") if saved.sharded else np.int32(0)
     return ShardedHashTable(storage, put_small(np.asarray(unrouted, np.int32), target, where),
-                            target.table.placement)
+                            target.table.placement, saved.route_capacity)

@@ -42,8 +42,8 @@ from jaxops.core.errors import CheckpointError
 from jaxops.ops.hashtable.on_mesh import ShardedHashTable
 from jaxops.ops.hashtable.table import HashTable
 
-__all__ = ["SHARD_FIELDS", "SLOT_FIELDS", "Parts", "StatePart", "TablePart", "is_row_state",
-           "leaf_name", "parts"]
+__all__ = ["SHARD_FIELDS", "SLOT_FIELDS", "Parts", "StatePart", "TablePart", "initializer_from_json",
+           "initializer_json", "is_row_state", "leaf_name", "parts"]
 
 #: A table's fields with a slot axis, and its per-shard counts (``dropped`` as two words).
 SLOT_FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values", "last_access")
@@ -115,11 +115,49 @@ class TablePart:
         return out
 
     def statics(self) -> dict[str, Any]:
+        """The layout and static fields, as JSON (see :func:`initializer_json`)."""
         s = self.storage
         return {"sharded": self.sharded, "num_shards": self.num_shards,
                 "shard_size": self.shard_size, "embedding_dim": s.embedding_dim,
                 "max_load_factor": s.max_load_factor, "load_policy": s.load_policy,
-                "key_dtype": s.key_dtype}
+                "key_dtype": s.key_dtype, "initializer": initializer_json(s.initializer),
+                "route_capacity": self.table.route_capacity if self.sharded else None}
+
+
+def _callable_name(f: Any) -> str:
+    return f"{getattr(f, '__module__', None)}.{getattr(f, '__qualname__', type(f).__name__)}"
+
+
+def initializer_json(initializer: tuple) -> list:
+    """A table's static ``initializer`` as JSON: a callable one by its qualified name (code
+    is not saved: a restore takes the function of the target's table, which must have the
+    same name).
+
+    >>> initializer_json(("uniform", -0.05, 0.05, (0, 42)))
+    ['uniform', -0.05, 0.05, [0, 42]]
+    """
+    kind, *rest = initializer
+    if kind == "callable":
+        return [kind, _callable_name(rest[0]), None if rest[1] is None else list(rest[1])]
+    if kind == "uniform":
+        return [kind, rest[0], rest[1], None if rest[2] is None else list(rest[2])]
+    return [kind, *rest]
+
+
+def initializer_from_json(saved: list, target: tuple, where: str) -> tuple:
+    """The static ``initializer`` of :func:`initializer_json` back (a callable's function
+    from ``target``, the target table's initializer)."""
+    kind = saved[0]
+    if kind == "callable":
+        if target[0] != "callable" or _callable_name(target[1]) != saved[1]:
+            raise CheckpointError(f"{where}: the table was saved with the initializer "
+                                  f"function {saved[1]} (functions are not saved); the target's "
+                                  f"table has {initializer_json(target)[:2]}: make it with the "
+                                  "same initializer")
+        return (kind, target[1], None if saved[2] is None else tuple(saved[2]))
+    if kind == "uniform":
+        return (kind, saved[1], saved[2], None if saved[3] is None else tuple(saved[3]))
+    return tuple(saved)
 
 
 @dataclasses.dataclass

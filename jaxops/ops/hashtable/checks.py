@@ -17,8 +17,10 @@ from jaxops.core.errors import OpArgumentError, OpDTypeError
 
 __all__ = ["KEY_DTYPES", "check_int", "check_key_dtype", "check_numeric"]
 
-#: The dtypes a table's keys may have (``HashTable.key_dtype``).
-KEY_DTYPES = ("int64", "uint64")
+#: The dtypes a table's keys may have (``HashTable.key_dtype``): 64-bit (CANN's int64, or
+#: uint64 hashes), or 32-bit for ids that are 32-bit (JAX int32/uint32 arrays are then taken
+#: as ids inside ``jit``, where a 64-bit table refuses them: they may be narrowed ids).
+KEY_DTYPES = ("int64", "uint64", "int32", "uint32")
 
 
 def check_key_dtype(op: str, key_dtype: Any, arg: str = "key_dtype") -> str:
@@ -28,7 +30,8 @@ def check_key_dtype(op: str, key_dtype: Any, arg: str = "key_dtype") -> str:
     except TypeError:
         name = None
     if name not in KEY_DTYPES:
-        raise OpArgumentError(op, arg, "np.int64 or np.uint64", repr(key_dtype))
+        raise OpArgumentError(op, arg, "np.int64, np.uint64, np.int32 or np.uint32",
+                              repr(key_dtype))
     return name
 
 

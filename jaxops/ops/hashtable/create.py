@@ -22,7 +22,8 @@ from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
 from jaxops.ops.hashtable.table import HashTable, check_bucket_size
 from jaxops.ops.loops import while_loop
 
-__all__ = ["RANDOM_RANGE", "init_sharded_table", "init_table"]
+__all__ = ["RANDOM_RANGE", "init_sharded_table", "init_table", "initializer_of",
+           "initializer_rows", "key_words"]
 
 #: Rows drawn for ``initializer_mode="random"`` when only a PRNG ``key`` is given
 #: (Keras' default embedding initializer).
@@ -75,18 +76,56 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         raise OpArgumentError(op, "sampled_values", "a float32 array of bucket_size * "
                               "embedding_dim values, or key=<PRNG key>, in random mode",
                               "neither", "Pass initializer_mode='constant' for fixed rows.")
+    statics = dict(key_dtype=key_dtype, initializer=initializer_of(
+        initializer_mode, float(constant_value), sampled_values, key))
     if placement.routes:
         return _on_shards(placement, bucket_size, embedding_dim, initializer_mode,
-                          float(constant_value), sampled_values, key, key_dtype)
+                          float(constant_value), sampled_values, key, statics)
     if initializer_mode == "random" and sampled_values is None:
-        return _random_table(key, bucket_size, embedding_dim).replace(key_dtype=key_dtype)
+        return _random_table(key, bucket_size, embedding_dim).replace(**statics)
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
         sampled_values = jax.device_put(np.asarray(sampled_values, np.float32))
     (table,) = INIT_OP(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
                     initializer_mode=initializer_mode, constant_value=constant_value)
-    return table.replace(key_dtype=key_dtype)
+    return table.replace(**statics)
+
+
+def initializer_of(mode: str, constant_value: float, sampled_values: Any, key: Any) -> tuple:
+    """The table's static ``initializer`` (see :class:`HashTable`) for ``init_table``'s
+    arguments: what a grown table's new slots get."""
+    if mode != "random":
+        return ("constant", constant_value)
+    if sampled_values is not None:
+        return ("sampled",)
+    return ("uniform", *RANDOM_RANGE, key_words(key))
+
+
+def key_words(key: Any) -> tuple[int, ...] | None:
+    """A PRNG key's words as Python ints (a typed key or a raw uint32 key), None when traced."""
+    if isinstance(key, jax.core.Tracer):
+        return None
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return tuple(int(w) for w in np.asarray(data, np.uint32).reshape(-1))
+
+
+def initializer_rows(initializer: tuple, num_slots: int, dim: int) -> dict:
+    """``init_table``'s initializer arguments that draw the rows of a table of ``num_slots``
+    slots from a table's static ``initializer`` (the seed folded with ``num_slots``: a grown
+    table draws fresh rows)."""
+    kind, seed = initializer[0], initializer[-1]
+    if kind in ("uniform", "callable") and seed is not None:
+        key = jnp.asarray(seed, jnp.uint32) if len(seed) == 2 else \
+            jax.random.wrap_key_data(np.asarray(seed, np.uint32))
+        key = jax.random.fold_in(key, num_slots)
+        if kind == "callable":
+            return dict(initializer_mode="random",
+                        sampled_values=initializer[1](key, (num_slots, dim), jnp.float32))
+        return dict(initializer_mode="random", key=key)
+    if kind == "constant":
+        return dict(initializer_mode="constant", constant_value=initializer[1])
+    return dict(initializer_mode="constant", constant_value=0.0)
 
 
 @INIT_OP.kernel("xla")
@@ -132,7 +171,7 @@ def _random_table(key, bucket_size, embedding_dim):
 
 
 def _on_shards(placement: Placement, num_slots: int, dim: int, initializer_mode: str,
-               constant_value: float, sampled: Any, key: Any, key_dtype: str) -> Any:
+               constant_value: float, sampled: Any, key: Any, table_statics: dict) -> Any:
     """Every shard built on its own device (shard ``i`` draws with ``fold_in(key, i)``)."""
     shards = placement.num_shards
     per = -(-num_slots // shards)
@@ -145,8 +184,8 @@ def _on_shards(placement: Placement, num_slots: int, dim: int, initializer_mode:
         sampled = sampled.reshape(shards, per, dim)
     else:
         sampled = None
-    statics = (per, dim, initializer_mode, constant_value, key_dtype, key is not None)
-    shards_table = placement.build(_shard_table, statics, key)
+    statics = (per, dim, initializer_mode, constant_value, key is not None)
+    shards_table = placement.build(_shard_table, statics, key).replace(**table_statics)
     if sampled is not None:
         shards_table = placement.map(_with_rows, None, (shards_table, sampled))[0]
     return placement.rebuild(None, shards_table)
@@ -158,12 +197,10 @@ def _with_rows(router, statics, state, replicated):
 
 
 def _shard_table(router, statics, key):
-    per, dim, mode, constant_value, key_dtype, has_key = statics
+    per, dim, mode, constant_value, has_key = statics
     if mode == "random" and has_key:
-        table = _random_table(jax.random.fold_in(key, router.index()), per, dim)
-    else:  # constant rows, or random rows filled in from sampled_values afterwards
-        table = _constant_table(per, dim, constant_value)
-    return table.replace(key_dtype=key_dtype)
+        return _random_table(jax.random.fold_in(key, router.index()), per, dim)
+    return _constant_table(per, dim, constant_value)  # random rows: sampled_values, below
 
 
 def init_sharded_table(num_slots: int, embedding_dim: int, mesh: Any, axis: str,

@@ -74,7 +74,8 @@ def evict(table: Any, keys: Any, *, init_mode: str = "constant", const_val: floa
                                       (words, sampled_values), capacity=capacity)
         return place.rebuild(table, new, route.lost), route
 
-    return run_routed(op, place, attempt, lambda r: r[1], n, route_capacity, overflow)[0]
+    return run_routed(op, place, attempt, lambda r: r[1], n, route_capacity, overflow,
+                      table)[0]
 
 
 def _evict_on_shard(router, statics, table, batch, active, replicated):

@@ -154,7 +154,7 @@ def export_shard(table: HashTable, export_mode: str, filtered_export_flag: bool,
     idx, count = compact_indices(export_mask(table.flags, export_mode, filtered_export_flag), size)
     pick = jnp.maximum(idx, 0)
     inside = idx >= 0
-    signed = table.key_dtype == "int64"
+    signed = table.key_dtype in ("int64", "int32")  # 32-bit keys export as 64-bit values
     keys = join_words(Words64(take(table.key_lo, pick), take(table.key_hi, pick)), signed)
     counters = join_words(Words64(take(table.counter_lo, pick), take(table.counter_hi, pick)),
                           signed=False)
@@ -252,7 +252,9 @@ def _chunks(shards: dict, chunk_slots: int, export_mode: str, filtered: bool
             pick = np.flatnonzero(export_mask(rows.flags, export_mode, filtered))
             if not pick.size:
                 continue
-            keys = _join_host(rows.key_lo[pick], rows.key_hi[pick]).view(table.key_dtype)
+            keys = _join_host(rows.key_lo[pick], rows.key_hi[pick]).view(
+                np.int64 if table.key_dtype in ("int64", "int32") else np.uint64
+            ).astype(table.key_dtype)
             yield ExportChunk(pick + start + base, keys,
                               _join_host(rows.counter_lo[pick], rows.counter_hi[pick]),
                               ((rows.flags[pick] & FILTER) != 0).astype(np.uint8),

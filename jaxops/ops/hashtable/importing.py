@@ -102,7 +102,8 @@ def import_(table: Any, keys: Any, counters: Any, filter_flags: Any, values: Any
             return (place.rebuild(table, new, route.lost),
                     ImportInfo(slots, inserted, unplaced, over), route)
 
-        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
+        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow,
+                          table)[:2]
 
     return under_load_policy(op, table, words, insert)
 

@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.ops.hashtable.batch import (effective_keys, find_or_place, flat_words,
-                                        group_count, group_first, is_first, key_batch, set_rows,
-                                        shaped)
+from jaxops.ops.hashtable.batch import (effective_keys, find_or_place, flat_words, group_first,
+                                        group_prefix, group_weight, is_first, key_batch,
+                                        set_rows, shaped)
 from jaxops.ops.hashtable.load_policy import under_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT_OP
 from jaxops.ops.hashtable.placement import placement_of, run_routed
@@ -39,12 +39,8 @@ from jaxops.ops.hashtable.route import RouteInfo
 from jaxops.ops.hashtable.row_gather import gather_rows
 from jaxops.ops.hashtable.table import EVICTED, FILTER, VALID, HashTable
 from jaxops.ops.hashtable.words import Words64, add_to_words, as_counter
-from jaxops.ops.loops import while_loop
 
-__all__ = ["LookupInfo", "checked_attrs", "insert_keys", "lookup_or_insert"]
-
-_NOBODY = np.int32(np.iinfo(np.int32).max)
-
+__all__ = ["LookupInfo", "checked_attrs", "insert_keys", "insert_lanes", "lookup_or_insert"]
 
 class LookupInfo(NamedTuple):
     """What one ``lookup_or_insert`` did (a pytree of arrays; counts over all shards).
@@ -172,7 +168,8 @@ def lookup_or_insert(table: Any, keys: Any, *, filter_mode: str = "no_filter",
             return (place.rebuild(table, new, route.lost),
                     shaped(rows, (*shape, place.storage(table).embedding_dim)), info)
 
-        return run_routed(op, place, attempt, lambda r: r[2].route, n, route_capacity, overflow)
+        return run_routed(op, place, attempt, lambda r: r[2].route, n, route_capacity, overflow,
+                          table)
 
     skip = (filter_key_flag, filter_key, default_key_or_value, default_key)
     return under_load_policy(op, table, words, insert, skip=skip, donate=donate)
@@ -189,16 +186,19 @@ def checked_attrs(attrs: dict) -> dict:
 
 def _insert_on_shard(router, statics, table, words, active, step):
     attrs = dict(statics)
-    ex = router.keys(words, active)
+    ex = router.keys(words, active, dedup=True)  # each device sends each distinct key once
     received, _ = ex.received
     table = table.replace(clock=table.clock + np.uint32(1) if step is None
                           else jnp.asarray(step).astype(jnp.uint32))
-    new, rows, info = insert_keys(table, received, ex.active, **attrs)
-    per_key = (router.back(ex, rows, attrs["default_value"]),
-               router.back(ex, router.global_slots(info.slots), -1),
-               router.back(ex, info.admitted, False))
+    new, rows, info, refused = insert_lanes(table, received, ex.active, ex.weights, **attrs)
+    rows, slots, refused = router.back(ex, (rows, router.global_slots(info.slots), refused),
+                                       (attrs["default_value"], -1, 0))
+    # Occurrence by occurrence: the first ``refused`` copies of a key were not admitted.
+    admitted = (slots >= 0) & (router.copy_rank(ex, active) >= refused)
+    rows = jnp.where(admitted[:, None], rows, jnp.float32(attrs["default_value"]))
     counts = router.total((info.inserted, info.unplaced, info.not_admitted, info.filtered))
-    return new, per_key, (counts, router.most(info.over_limit.astype(jnp.int32)) > 0)
+    return new, (rows, slots, admitted), (counts, router.most(
+        info.over_limit.astype(jnp.int32)) > 0)
 
 
 @LOOKUP_OR_INSERT_OP.kernel("xla")
@@ -207,21 +207,42 @@ def _lookup_or_insert_kernel(table, words, **attrs):
     return insert_keys(table, flat, None, **attrs)
 
 
-@functools.partial(jax.jit, inline=True, static_argnames=("filter_mode", "filter_freq", "default_key_or_value",
-                                             "default_key", "default_value", "filter_key_flag",
-                                             "filter_key"))
-def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, filter_freq,
-                default_key_or_value, default_key, default_value, filter_key_flag,
-                filter_key) -> tuple[HashTable, jax.Array, LookupInfo]:
-    """One shard's insert: the kernel of :func:`lookup_or_insert` (clock already set).
+_ATTRS = ("filter_mode", "filter_freq", "default_key_or_value", "default_key", "default_value",
+          "filter_key_flag", "filter_key")
 
-    ``active``: bool [N], False for padding lanes (a sharded table's routing buffers),
-    which do nothing and count nowhere.
+
+@functools.partial(jax.jit, inline=True, static_argnames=_ATTRS)
+def insert_keys(table: HashTable, words: Words64, active=None, **attrs
+                ) -> tuple[HashTable, jax.Array, LookupInfo]:
+    """One shard's insert, one occurrence a lane: the kernel of :func:`lookup_or_insert`
+    (clock already set). ``active``: bool [N], False for padding lanes."""
+    new, rows, info, refused = insert_lanes(table, words, active, None, **attrs)
+    admitted = info.admitted & (refused == 0)
+    rows = jnp.where(admitted[:, None], rows, jnp.float32(attrs["default_value"]))
+    return new, rows, info._replace(admitted=admitted)
+
+
+@functools.partial(jax.jit, inline=True, static_argnames=_ATTRS)
+def insert_lanes(table: HashTable, words: Words64, active=None, weights=None, *, filter_mode,
+                 filter_freq, default_key_or_value, default_key, default_value,
+                 filter_key_flag, filter_key
+                 ) -> tuple[HashTable, jax.Array, LookupInfo, jax.Array]:
+    """One shard's insert of lanes that each stand for ``weights`` occurrences of their key
+    (None: one), in lane order (a deduplicated routed batch: see ``Router.keys``).
+
+    ``active``: bool [N], False for padding lanes, which do nothing and count nowhere.
+    Returns ``(table, rows, info, refused)``: the rows of placed lanes (``default_value``
+    where no slot; admission not applied), ``info.admitted`` True where placed, and for each
+    lane how many of its occurrences counter filtering refused (the first ones), which the
+    counts in ``info`` already include.
     """
     size = table.bucket_size
     words, skip = effective_keys(words, filter_key_flag, filter_key, default_key_or_value,
                                  default_key)
-    padding = jnp.zeros(words.lo.shape[0], bool) if active is None else ~active
+    n = words.lo.shape[0]
+    padding = jnp.zeros(n, bool) if active is None else ~active
+    w = jnp.ones(n, jnp.int32) if weights is None else weights.astype(jnp.int32)
+    w = jnp.where(padding, 0, w)
     skip = skip | padding
     batch = key_batch(LOOKUP_OR_INSERT_OP.name, words, size)
     valid = ~skip
@@ -236,7 +257,7 @@ def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, f
     fresh = (old_flags & VALID) == 0  # an empty slot or another key's tombstone: counter 0
     zero = jnp.zeros_like(at, dtype=jnp.uint32)
     before_lo = jnp.where(fresh, zero, take(table.counter_lo, at))
-    low = add_to_words(Words64(before_lo, zero), group_count(first, placed))  # .hi: the carry
+    low = add_to_words(Words64(before_lo, zero), group_weight(first, placed, w))  # .hi: carry
     # The high word is read and written only where it changes (a carry, or a slot new to
     # its key) unless admission needs it: a present key's step then touches one counter
     # word, one random memory access fewer in a table larger than the caches.
@@ -247,17 +268,14 @@ def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, f
     after = Words64(low.lo, before.hi + low.hi)
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
     flags = jnp.where(fresh, jnp.uint8(VALID), old_flags)
-    admitted = placed
-    not_admitted = jnp.zeros((), jnp.int32)
+    refused = jnp.zeros(n, jnp.int32)
     if filter_mode == "counter":
         was_admitted = ((old_flags & FILTER) != 0) & ~fresh
-        refused = _refused_by_counter(first, placed, before, was_admitted, filter_freq)
-        admitted = admitted & ~refused
-        not_admitted = jnp.sum(refused, dtype=jnp.int32)
+        refused = _refused_by_counter(first, placed, w, before, was_admitted, filter_freq)
         reached = (after.hi > 0) | (after.lo >= np.uint32(filter_freq))
         flags = jnp.where(was_admitted | reached, flags | jnp.uint8(FILTER), flags)
     inserted = jnp.sum(lead & fresh, dtype=jnp.int32)
-    unplaced = jnp.sum(valid & (slot < 0), dtype=jnp.int32)
+    unplaced = jnp.sum(jnp.where(valid & (slot < 0), w, 0), dtype=jnp.int32)
     # Only what changes is written: a present key's words (and mostly its flags) stay, and
     # each skipped write is one random memory access fewer in a table larger than the caches.
     new_key = lead & place.placed
@@ -271,34 +289,24 @@ def insert_keys(table: HashTable, words: Words64, active=None, *, filter_mode, f
                              lead),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
-    rows = gather_rows(table.values, jnp.where(admitted, slot, -1), default_value)
-    info = LookupInfo(slot, admitted, inserted, unplaced, not_admitted,
-                      jnp.sum(skip & ~padding, dtype=jnp.int32), new_table.live > table.max_live)
-    return new_table, rows, info
+    rows = gather_rows(table.values, slot, default_value)
+    info = LookupInfo(slot, placed, inserted, unplaced, jnp.sum(refused, dtype=jnp.int32),
+                      jnp.sum(jnp.where(skip & ~padding, w, 0), dtype=jnp.int32),
+                      new_table.live > table.max_live)
+    return new_table, rows, info, refused
 
 
-def _refused_by_counter(first, member, before: Words64, was_admitted, filter_freq: int):
-    """Occurrences whose counter, this occurrence included, stays below ``filter_freq``.
+def _refused_by_counter(first, member, weights, before: Words64, was_admitted,
+                        filter_freq: int):
+    """How many occurrences each lane stands for are refused: those whose counter, this
+    occurrence included, stays below ``filter_freq``.
 
     Occurrence ``r`` of a slot (1-based, batch order) is refused when ``before + r <
     filter_freq``, i.e. the first ``need - 1`` occurrences with ``need = filter_freq -
-    before``. They are peeled off one round per rank (at most ``filter_freq - 1`` rounds,
-    and no more than the largest multiplicity) instead of sorting the batch; a group is
-    named by its first member (``first``), so the rounds cost O(batch).
+    before``; a lane covers occurrences ``prefix + 1 .. prefix + weight`` (``prefix``: the
+    weights of its group's lanes before it), so it refuses its first ``need - 1 - prefix``.
     """
-    n = first.shape[0]
-    idx = jnp.arange(n, dtype=jnp.int32)
     low = (before.hi == 0) & (before.lo < np.uint32(filter_freq)) & ~was_admitted
     need = jnp.where(low, np.int32(filter_freq) - before.lo.astype(jnp.int32), 0)
-
-    def peel(state):
-        rank, remaining, refused = state
-        best = jnp.full(n, _NOBODY).at[jnp.where(remaining, first, n)].min(idx, mode="drop")
-        next_up = remaining & (take(best, first) == idx)
-        refused = refused | (next_up & (rank < need))
-        return rank + 1, remaining & ~next_up & (rank + 1 < need), refused
-
-    start = member & (need > 1)
-    _, _, refused = while_loop(lambda s: jnp.any(s[1]), peel,
-                               (jnp.int32(1), start, jnp.zeros(n, bool)))
-    return refused
+    prefix = group_prefix(first, member, weights)
+    return jnp.where(member, jnp.clip(need - 1 - prefix, 0, weights), 0)

@@ -38,7 +38,8 @@ A policy is a function in :data:`LOAD_POLICIES`; a user's own works on every pla
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -48,6 +49,7 @@ import numpy as np
 from jaxops.capacity.policy import settle
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import effective_keys, first_occurrences
+from jaxops.ops.hashtable.checks import check_int
 from jaxops.ops.hashtable.placement import Placement, placement_of
 from jaxops.ops.hashtable.probe import find_slots
 from jaxops.ops.hashtable.rebuild import resize
@@ -56,8 +58,8 @@ from jaxops.ops.hashtable.scored import evict_lowest_per_shard
 from jaxops.ops.hashtable.table import EVICTED, HashTable
 from jaxops.ops.hashtable.words import Words64
 
-__all__ = ["LOAD_POLICIES", "LoadDemand", "count_new_keys", "set_load_policy",
-           "under_load_policy"]
+__all__ = ["LOAD_POLICIES", "LoadDemand", "Maintenance", "count_new_keys", "maintain",
+           "set_load_policy", "under_load_policy"]
 
 
 class LoadDemand(NamedTuple):
@@ -82,7 +84,7 @@ class LoadDemand(NamedTuple):
         return np.minimum(self.needed, self.shard_size) > self.max_live
 
 
-def _raise(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+def _raise(op: str, table: Any, demand: LoadDemand, donate: bool, states=()) -> Any:
     over = np.flatnonzero(demand.over)
     s = int(over[0]) if over.size else 0
     where = f" in shard {s}" if demand.needed.size > 1 else ""
@@ -95,19 +97,19 @@ def _raise(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
         "set_load_policy(table, policy='grow' or 'evict').")
 
 
-def _grow(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+def _grow(op: str, table: Any, demand: LoadDemand, donate: bool, states=()) -> Any:
     storage = placement_of(op, table).storage(table)
     size = 2 * demand.shard_size
     while int(storage.max_load_factor * size) < int(demand.needed.max()):
         size *= 2
-    grown = resize(table, size * demand.needed.size)
+    grown = resize(table, size * demand.needed.size, states=states)
     if donate:
         consume(table, grown)
     return grown
 
 
 def _evict_by(by: str) -> Callable:
-    def evict_policy(op: str, table: Any, demand: LoadDemand, donate: bool) -> Any:
+    def evict_policy(op: str, table: Any, demand: LoadDemand, donate: bool, states=()) -> Any:
         place = placement_of(op, table)
         live = place.per_shard(place.storage(table).live)
         kept = np.unique(demand.present[demand.present >= 0]) // demand.shard_size
@@ -116,7 +118,8 @@ def _evict_by(by: str) -> Callable:
         if np.any(counts > live - spare):  # the call itself needs more than the limit
             _raise(op, table, demand._replace(needed=np.where(counts > live - spare,
                                                               demand.needed, 0)), donate)
-        return evict_lowest_per_shard(table, counts, demand.present, by, donate=donate)
+        return evict_lowest_per_shard(table, counts, demand.present, by, donate=donate,
+                                      states=states)
 
     evict_policy.__name__ = f"evict_{by}"
     return evict_policy
@@ -124,9 +127,11 @@ def _evict_by(by: str) -> Callable:
 
 #: ``policy(op, table, demand, donate) -> table``: called eagerly before an insert that would
 #: take some shard past its limit (:class:`LoadDemand` says which, and which slots the call
-#: keeps). It returns the table to insert into (same placement), or raises; with ``donate``
-#: it may consume ``table``. The insert counts again afterwards and raises if the policy did
-#: not make room.
+#: keeps), or by :func:`maintain` between steps. It returns the table to insert into (same
+#: placement), or raises; with ``donate`` it may consume ``table``. The insert counts again
+#: afterwards and raises if the policy did not make room. A policy that also takes
+#: ``states=[(state, init), ...]`` (optimizer states beside the table, see
+#: :func:`maintain`) returns ``(table, states)`` for them; the built-in ones do.
 LOAD_POLICIES: dict[str, Callable] = {"error": _raise, "grow": _grow,
                                       "evict": _evict_by("lru"), "evict_lfu": _evict_by("lfu")}
 
@@ -234,3 +239,144 @@ def consume(table: Any, result: Any = ()) -> None:
     for leaf in jax.tree_util.tree_leaves(table):
         if id(leaf) not in keep and isinstance(leaf, jax.Array) and not leaf.is_deleted():
             leaf.delete()
+
+
+class Maintenance(NamedTuple):
+    """What one :func:`maintain` call found and did (host ints).
+
+    Attributes:
+        action: ``"none"``, or the policy that acted (``"grow"``, ``"evict"``, ...).
+        live: live keys when called (all shards).
+        bucket_size: slots after the call.
+        grown: 1 when the table grew (its shapes changed: a jitted step recompiles once).
+        evicted: keys the policy evicted (their optimizer state reset).
+        lost: keys the caller says were lost since the last call (``info.unplaced``).
+        route_capacity: the table's routing capacity after the call (a table on a mesh;
+            None: each device's batch slice, or one device).
+        unrouted: keys the caller says did not fit a routing buffer since the last call
+            (``info.route.lost``): not served that step; the routing capacity grows.
+    """
+
+    action: str
+    live: int
+    bucket_size: int
+    grown: int
+    evicted: int
+    lost: int
+    route_capacity: int | None = None
+    unrouted: int = 0
+
+
+def maintain(table: Any, states: Sequence[tuple[Any, Callable]] = (), *, headroom: int = 0,
+             lost: int = 0, route_needed: int = 0, name: str = "table"
+             ) -> tuple[Any, list, Maintenance]:
+    """Applies the table's load policy between jitted steps: the lifecycle call.
+
+    Inside ``jit`` an insert cannot grow or evict (shapes are static); it inserts while
+    slots last and reports (``info.over_limit``, ``info.unplaced``). Call this between steps
+    (eagerly; it reads each shard's live count, one small transfer) so that the next step
+    has room: when some shard holds more than ``max_live - headroom`` live keys,
+
+    - ``"grow"`` rebuilds the table at twice the size (until the keys and the headroom fit
+      the limit), and every optimizer state with it: each key keeps its row and its state,
+      new slots get the table's initializer. Growth is geometric, so a jitted step
+      recompiles once per doubling (``report.grown``).
+    - ``"evict"`` / ``"evict_lfu"`` evict the lowest-scored keys down to the limit minus the
+      headroom; their optimizer state rows are reset (a key that comes back starts fresh).
+    - ``"error"`` raises, naming the table and the fix, once the limit was passed or keys
+      were lost (``lost``); a table still under its limit is left alone.
+    - a policy registered in :data:`LOAD_POLICIES` is called with a :class:`LoadDemand`
+      (and ``states=`` when it takes them).
+
+    On a mesh it also sizes the routing buffers the table's calls use by default
+    (``table.route_capacity``): twice the largest buffer the steps needed
+    (``route_needed``, from ``info.route.needed``), to a power of two, growing only (each
+    change recompiles a jitted step once). Each device sends each distinct key once, so the
+    buffers hold distinct keys: a fraction of the batch on skewed ids.
+
+    Args:
+        table: the table (any placement).
+        states: the optimizer states beside it, as ``(state, init)`` with ``init`` the
+            function that makes that state for a table (``opt.init``, ``adam_w_init``).
+        headroom: live keys the next steps may add to the table (e.g. twice the most new
+            keys a step inserted); the policy keeps that much room below the limit (on a
+            mesh, each shard its share: new keys spread over the shards by hash, so the
+            share is ``headroom / shards`` plus three standard deviations).
+        lost: keys the steps since the last call could not place (the sum of their
+            ``info.unplaced``), reported and, with ``"error"``, refused.
+        route_needed: the largest routing buffer the steps since the last call needed (the
+            most of their ``info.route.needed``); 0 leaves the routing capacity alone.
+        name: the table's name in messages.
+
+    Returns:
+        ``(table, [state, ...], report)`` with a :class:`Maintenance` report.
+
+    >>> import numpy as np, jaxops.hashtable as ht
+    >>> t = ht.set_load_policy(ht.init_table(16, 2, initializer_mode="constant"), policy="grow")
+    >>> opt = ht.optim.adagrad(0.1)
+    >>> t, _, info = ht.lookup_or_insert(t, np.arange(12, dtype=np.int64))
+    >>> t, (state,), report = ht.maintain(t, [(opt.init(t), opt.init)], headroom=8)
+    >>> report.action, t.bucket_size, int(t.live)
+    ('grow', 32, 12)
+    """
+    op = "maintain"
+    place = placement_of(op, table)
+    storage = place.storage(table)
+    headroom = check_int(op, "headroom", headroom, 0, 2**31 - 1)
+    lost = check_int(op, "lost", lost, 0, 2**63 - 1)
+    route_needed = check_int(op, "route_needed", route_needed, 0, 2**31 - 1)
+    table = _sized_routes(place, table, route_needed)
+    live = place.per_shard(storage.live)
+    demand = LoadDemand(live + _per_shard(headroom, live.size), np.full(1, -1, np.int32),
+                        storage.max_live, storage.bucket_size)
+    report = Maintenance("none", int(live.sum()), table.bucket_size, 0, 0, lost,
+                         getattr(table, "route_capacity", None))
+    policy = storage.load_policy
+    if policy == "error":
+        if lost or (live > storage.max_live).any():
+            over = np.flatnonzero(live > storage.max_live)
+            where = f" (shard {int(over[0])} holds {int(live[over[0]])})" if over.size else ""
+            raise OpArgumentError(
+                op, name, f"at most {storage.max_live} live keys per shard and no key lost "
+                f"(load policy 'error')", f"{int(live.sum())} live{where}, {lost} keys lost",
+                f"Give {name} more slots, or set_load_policy({name}, policy='grow' or "
+                "'evict') (TableConfig(load_policy=...) for a collection's table), and call "
+                "maintain between steps.")
+        return table, [state for state, _ in states], report
+    if not demand.over.any():
+        return table, [state for state, _ in states], report
+    fn = LOAD_POLICIES[policy]
+    takes_states = "states" in inspect.signature(fn).parameters
+    result = fn(op, table, demand, False, states=list(states)) if takes_states \
+        else fn(op, table, demand, False)
+    new, new_states = result if takes_states and states else \
+        (result, [state for state, _ in states])
+    grown = int(new.bucket_size != table.bucket_size)
+    if grown and states and not takes_states:
+        raise OpArgumentError(op, "states", f"states a load policy can move ({policy!r} "
+                              "does not take states=)", f"{len(states)} optimizer states",
+                              "Give the policy a states= parameter (see LOAD_POLICIES).")
+    after = int(np.sum(place.per_shard(place.storage(new).live)))
+    return new, list(new_states), report._replace(route_capacity=getattr(
+        new, "route_capacity", None),
+        action=policy, bucket_size=new.bucket_size, grown=grown,
+        evicted=max(0, int(live.sum()) - after) if not grown else 0)
+
+
+def _sized_routes(place: Placement, table: Any, route_needed: int) -> Any:
+    """``table`` with routing buffers of twice ``route_needed`` lanes (a power of two) when
+    its own hold less than that (never smaller: each change is a recompile)."""
+    if not place.routes or not route_needed:
+        return table
+    want = 1 << (2 * route_needed - 1).bit_length()
+    have = table.route_capacity
+    return table if have is not None and have >= want else table.replace(route_capacity=want)
+
+
+def _per_shard(headroom: int, shards: int) -> int:
+    """The room one of ``shards`` shards keeps for ``headroom`` new keys spread by hash:
+    the mean share plus three binomial standard deviations."""
+    if shards == 1:
+        return headroom
+    share = headroom / shards
+    return int(np.ceil(share + 3.0 * np.sqrt(share * (1 - 1 / shards)))) if headroom else 0

@@ -39,7 +39,7 @@ from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import HashTable
 from jaxops.ops.hashtable.words import Words64
 
-__all__ = ["changed_hands", "move_state_rows", "record_owners", "slot_owners"]
+__all__ = ["changed_hands", "move_state_rows", "record_owners", "reset_rows", "slot_owners"]
 
 
 def slot_owners(table: HashTable) -> Words64:
@@ -81,3 +81,28 @@ def move_state_rows(old: Any, fresh: Any, table: HashTable, slot: jax.Array) -> 
         return set_rows(f, slot, o, write) if per_slot else o
 
     return jax.tree.map(move, old, fresh)
+
+
+def reset_rows(state: Any, init: Any, slots: jax.Array) -> Any:
+    """``state`` (one shard's) with the per-slot rows at ``slots`` (a bool mask) set to the
+    rows ``init`` (the optimizer's ``init``) gives a new table, owner record included: an
+    evicted key's state is gone, so the key starts fresh if it comes back."""
+    size = slots.shape[0]
+    width = _row_width(state, size)
+    fresh = init(HashTable.empty(1, width, jnp.zeros((1, width), jnp.float32)))
+
+    def reset(o, f):
+        if jnp.ndim(o) >= 1 and jnp.shape(o)[0] == size and jnp.shape(f)[:1] == (1,):
+            mask = slots.reshape(-1, *([1] * (jnp.ndim(o) - 1)))
+            return jnp.where(mask, f.astype(o.dtype), o)
+        return o
+
+    return jax.tree.map(reset, state, fresh)
+
+
+def _row_width(state: Any, size: int) -> int:
+    """The embedding width a state's per-slot rows have (1 when none is 2-D)."""
+    for leaf in jax.tree.leaves(state):
+        if jnp.ndim(leaf) == 2 and jnp.shape(leaf)[0] == size:
+            return int(jnp.shape(leaf)[1])
+    return 1

@@ -253,7 +253,7 @@ def placement_of(op: str, table: Any, arg: str = "table") -> Placement:
 
 def run_routed(op: str, placement: Placement, attempt: Callable[[int], Any],
                route_of: Callable[[Any], RouteInfo], n: int, capacity: Any = None,
-               overflow: str = "expand") -> Any:
+               overflow: str = "expand", table: Any = None) -> Any:
     """``attempt(capacity)`` of a routed call, under the routing overflow policy (the
     shared rerun engine, :func:`~jaxops.capacity.policy.settle`).
 
@@ -262,7 +262,12 @@ def run_routed(op: str, placement: Placement, attempt: Callable[[int], Any],
     got the default) and warns once per call site; ``"expand"`` reruns at the next power
     of two that holds the largest buffer. Inside ``jit`` the result's ``RouteInfo``
     reports it. A placement that routes nothing never overflows (and is never synced).
+    ``capacity`` None takes ``table``'s own ``route_capacity`` (a table on a mesh keeps
+    one, which :func:`~.load_policy.maintain` sets from what the steps needed), else the
+    most a device can send to one shard.
     """
+    if capacity is None:
+        capacity = getattr(table, "route_capacity", None)
     if overflow not in ROUTE_POLICIES:
         raise OpArgumentError(op, "overflow", f"one of {ROUTE_POLICIES}", repr(overflow))
     most = placement.batch_capacity(op, n, None)

@@ -57,6 +57,17 @@ _NOBODY_WORD = np.uint32(_NOBODY)
 #: Flag bit of a slot held by a key being placed; it never outlives one operation.
 PENDING = np.uint8(0x80)
 WINDOW = 8  # slots a key reads per round of find_slots
+#: The probe bound: no key is placed farther than this from its home slot, so no walk goes
+#: farther. A full table then costs a batch ``O(batch * PROBE_LIMIT)``, not a walk over the
+#: table; a key that finds no free slot within it is not placed and is counted
+#: (``info.unplaced``, ``table.dropped``). At the default load limit (0.9) linear probing's
+#: runs reach this length with a probability far below one in a billion inserts.
+PROBE_LIMIT = 4096
+
+
+def probe_limit(bucket_size: int) -> int:
+    """The longest walk in a table of ``bucket_size`` slots."""
+    return min(int(bucket_size), PROBE_LIMIT)
 #: Slots a key reads per round of place_new_keys: in a crowded table a key passes long runs
 #: of used slots, one round per window.
 PLACE_WINDOW = 32
@@ -87,8 +98,8 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse:
     Returns:
         ``(slot, dist, flags)``: int32 ``[N]`` ``slot`` holds the key (tombstones included)
         or is -1; int32 ``dist`` is the number of slots passed before the walk stopped,
-        ``bucket_size`` when it passed them all (the key is absent and the table has no
-        empty slot); uint8 ``flags`` are the flags of ``slot`` (0 where -1). With
+        :func:`probe_limit` when it passed them all (the key is absent and no slot within
+        the bound is empty); uint8 ``flags`` are the flags of ``slot`` (0 where -1). With
         ``track_reuse`` also int32 ``reuse``: the distance of the first tombstone of another
         key the walk passed (``bucket_size``: none).
 
@@ -97,7 +108,8 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse:
     """
     native = walk_kernel("find_slots")
     if native is not None:
-        found = native(table.key_lo, table.key_hi, table.flags, words.lo, words.hi, active)
+        found = native(table.key_lo, table.key_hi, table.flags, words.lo, words.hi, active,
+                       probe_limit(table.bucket_size))
         return tuple(found) if track_reuse else tuple(found[:3])
     n = active.shape[0]
     slot, dist, flags = jnp.full(n, -1, jnp.int32), jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.uint8)
@@ -127,6 +139,7 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     probes are ignored too.
     """
     size = table.bucket_size
+    limit = probe_limit(size)
     w = min(WINDOW * min(8, max(1, n // max(1, lanes["lo"].shape[0]))), size)
     dist = lanes["dist"]
     at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
@@ -134,7 +147,7 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     # up to w - 1 after it): the keys and flags read then lie in one cache line each.
     start = jnp.minimum(at - at % w if w == WINDOW else at, size - w)
     skip = at - start  # window slots before the lane's slot
-    seen = skip + jnp.minimum(w - skip, size - dist)  # window slots [skip, seen): probes to make
+    seen = skip + jnp.minimum(w - skip, limit - dist)  # window slots [skip, seen): probes to make
 
     k = jnp.arange(w, dtype=jnp.int32)
     flags = _window(table.flags, start, w)
@@ -150,7 +163,7 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     # Slots passed: up to the stop, past a key sharing only the low word, or the window.
     passed = jnp.where(stopped, stop_at - skip, seen - skip) + (stopped & ~empty & ~found)
     settled = active & (empty | found)
-    new_lanes = {"dist": jnp.where(active, jnp.minimum(dist + passed, size), dist),
+    new_lanes = {"dist": jnp.where(active, jnp.minimum(dist + passed, limit), dist),
                  "slot": jnp.where(active & found, pos, lanes["slot"]),
                  "flags": jnp.where(active & found, flag, lanes["flags"])}
     if "reuse" in lanes:  # the first tombstone passed (it is another key's: ours stops)
@@ -160,7 +173,7 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
         new_lanes["reuse"] = jnp.where(active & passed_tomb & (lanes["reuse"] == size),
                                        dist + first_tomb - skip, lanes["reuse"])
     lanes = {**lanes, **new_lanes}
-    return lanes, active & ~settled & (lanes["dist"] < size), carry
+    return lanes, active & ~settled & (lanes["dist"] < limit), carry
 
 
 def _window(a: jax.Array, start: jax.Array, w: int) -> jax.Array:
@@ -240,10 +253,11 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
     own = jnp.full(n, -1, jnp.int32) if own is None else own
     native = walk_kernel("place_new_keys")
     if native is not None:
-        slot_of, flags = native(flags, home, start, pending, own)
+        slot_of, flags = native(flags, home, start, pending, own, probe_limit(size))
         return slot_of, key_lo, flags
 
     w = min(PLACE_WINDOW, size)
+    limit = probe_limit(size)
     k = jnp.arange(w, dtype=jnp.int32)
 
     def step(lanes, active, carry):
@@ -257,7 +271,7 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         at = probe_slot(lanes["home"], dist, size)
         wstart = jnp.minimum(at, size - w)
         skip = at - wstart
-        seen = skip + jnp.where(reviving, 1, jnp.minimum(w - skip, size - dist))
+        seen = skip + jnp.where(reviving, 1, jnp.minimum(w - skip, limit - dist))
 
         wflags = _window(flags, wstart, w)
         wheld = (wflags & PENDING) != 0
@@ -297,12 +311,12 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
         lanes = {"id": jnp.where(ousted, ousted_id, me), "dist": dist,
                  "home": jnp.where(ousted, ousted_home, lanes["home"]),
                  "own": jnp.where(ousted, False, reviving & ~lost)}
-        active = ((active & ~won) | ousted) & (dist < size)
+        active = ((active & ~won) | ousted) & (dist < limit)
         return lanes, active, (key_lo, flags, slot_of)
 
     lanes = {"id": jnp.arange(n, dtype=jnp.int32), "dist": jnp.where(own >= 0, own, start),
              "home": home, "own": own >= 0}
     carry = (key_lo, flags, jnp.full(n, -1, jnp.int32))
-    pending = pending & (lanes["dist"] < size)
+    pending = pending & (lanes["dist"] < limit)
     (key_lo, flags, slot_of), _ = drain(lanes, pending, step, carry)
     return slot_of, key_lo, flags

@@ -1,5 +1,6 @@
 """Checking a table's structure slot chunk by slot chunk: every used slot's key is where a
-probe walk finds it, and no key is held twice.
+probe walk finds it (no empty slot between its home and it, and within the probe bound,
+:data:`~jaxops.ops.hashtable.probe.PROBE_LIMIT` slots), and no key is held twice.
 
 A walk (:func:`~jaxops.ops.hashtable.probe.find_slots`) goes from the key's home slot
 forward (wrapping) and stops at the first empty slot, so a key is reachable exactly when no
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxops.ops.hashtable.probe import probe_limit
+
 __all__ = ["ProbeCheck"]
 
 
@@ -35,6 +38,7 @@ class ProbeCheck:
 
     def __init__(self, bucket_size: int):
         self.size = int(bucket_size)
+        self.limit = probe_limit(self.size)
         self.last_empty: int | None = None  # slot of the last empty slot fed so far
         self.head: list[tuple[np.ndarray, np.ndarray]] = []  # (slot, home) before any empty
         self.head_keys = (np.zeros(0, np.uint64), np.zeros(0, np.int64))  # first cluster
@@ -51,6 +55,12 @@ class ProbeCheck:
             prev = np.where(prev < 0, self.last_empty, prev)
         known = prev >= 0
         dist = (pos - np.asarray(home, np.int64)) % self.size
+        far = np.flatnonzero(used & (dist >= self.limit))
+        if far.size:
+            s = int(pos[far[0]])
+            raise ValueError(f"the key at slot {s} lies {int(dist[far[0]])} slots past its home "
+                             f"slot, beyond the probe bound ({self.limit}): walks would not "
+                             "find it")
         self._reachable(used & known, pos, dist, prev)
         self.head.append((pos[used & ~known], dist[used & ~known]))
         keys = (key_hi.astype(np.uint64) << np.uint64(32)) | key_lo.astype(np.uint64)

@@ -22,6 +22,7 @@ of keys not served, so it is then required).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -33,6 +34,7 @@ from jaxops.core.walk_table import walk_kernel
 from jaxops.ops.hashtable.batch import flat_words, key_batch, live_slots, shaped
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.placement import placement_of, run_routed
+from jaxops.ops.hashtable.probe import probe_limit
 from jaxops.ops.hashtable.route import RouteInfo
 from jaxops.ops.hashtable.row_gather import SLOTS, check_slots, gather_rows, probed_rows
 from jaxops.ops.hashtable.table import HashTable
@@ -42,11 +44,12 @@ __all__ = ["find", "gather", "locate", "lookup"]
 
 def _find_on_shard(router, statics, table, words, active, replicated):
     default_value, want_rows = statics
-    ex = router.keys(words, active)
+    ex = router.keys(words, active, dedup=True)
     received, _ = ex.received
     rows, slots = read_rows(table, received, ex.active, default_value, want_rows)
-    found = router.back(ex, router.global_slots(slots), -1)
-    return None, (router.back(ex, rows, default_value) if want_rows else None, found), ()
+    if not want_rows:
+        return None, (None, router.back(ex, router.global_slots(slots), -1)), ()
+    return None, router.back(ex, (rows, router.global_slots(slots)), (default_value, -1)), ()
 
 
 def read_rows(table: HashTable, words, active: jax.Array, default_value: float,
@@ -55,6 +58,7 @@ def read_rows(table: HashTable, words, active: jax.Array, default_value: float,
     native pass (probe and read) where the walks are native and every lane is a key."""
     fused = walk_kernel("find_rows") if want_rows else None
     if fused is not None:
+        fused = functools.partial(fused, limit=probe_limit(table.bucket_size))
         rows, slots = probed_rows(fused, table.values, (table.key_lo, table.key_hi, table.flags,
                                                         words.lo, words.hi), default_value)
         slots = jnp.where(active, slots, -1)  # padding lanes hold no key
@@ -77,7 +81,7 @@ def _read(op: str, table: Any, keys: Any, default_value: float, want_rows: bool,
         rows = None if rows is None else shaped(rows, (*shape, storage.embedding_dim))
         return rows, shaped(slots, shape), route._replace(served=shaped(route.served, shape))
 
-    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)
+    return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow, table)
 
 
 def _with_route(op: str, result: tuple, route: RouteInfo, route_capacity: Any,
@@ -86,7 +90,7 @@ def _with_route(op: str, result: tuple, route: RouteInfo, route_capacity: Any,
     keys in, so inside ``jit`` a given ``route_capacity`` needs ``with_route=True``."""
     if with_route:
         return (*result, route)
-    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):
+    if route_capacity is not None and isinstance(route.lost, jax.core.Tracer):  # given here
         raise OpArgumentError(op, "with_route", "True when route_capacity is given inside jit "
                               "(the RouteInfo is the only report of keys that did not fit)",
                               "False", f"Call {op}(..., with_route=True) and check info.lost.")
@@ -131,7 +135,7 @@ def lookup(table: Any, keys: Any, *, route_capacity: int | None = None,
 
 
 def _gather_on_shard(router, default_value, table, slots, active, replicated):
-    ex = router.slots(slots, active)
+    ex = router.slots(slots, active, dedup=True)
     local, _ = ex.received
     rows = gather_rows(table.values, jnp.where(ex.active, local, -1), default_value)
     return None, router.back(ex, rows, default_value), ()
@@ -167,5 +171,5 @@ def gather(table: Any, slots: Any, default_value: float = 0.0, *,
                 route._replace(served=shaped(route.served, shape)))
 
     rows, route = run_routed(op, place, attempt, lambda r: r[1], int(flat.shape[0]),
-                             route_capacity, overflow)
+                             route_capacity, overflow, table)
     return _with_route(op, (rows,), route, route_capacity, with_route)

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import set_rows
-from jaxops.ops.hashtable.create import init_table
+from jaxops.ops.hashtable.create import init_table, initializer_rows
 from jaxops.ops.hashtable.murmur import home_slot
 from jaxops.ops.hashtable.owner import move_state_rows
 from jaxops.ops.hashtable.placement import placement_of
@@ -32,7 +32,7 @@ from jaxops.ops.hashtable.words import add_to_words, as_counter
 __all__ = ["compact", "rehash", "rehash_slots", "resize"]
 
 
-def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constant",
+def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = None,
            constant_value: float = 0.0, sampled_values: jax.Array | None = None,
            key: jax.Array | None = None, states: Sequence[tuple[Any, Callable]] = ()) -> Any:
     """Rehashes every live entry into a table of ``new_bucket_size`` slots.
@@ -70,12 +70,15 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str = "constan
             raise OpArgumentError(op, "new_bucket_size", f"at least {most}{where}",
                                   f"{new_bucket_size}" + (f" ({per} per shard)"
                                                           if place.routes else ""))
+    rows = initializer_rows(storage.initializer, per * place.num_shards, storage.embedding_dim) \
+        if initializer_mode is None else dict(initializer_mode=initializer_mode,
+                                              constant_value=constant_value,
+                                              sampled_values=sampled_values, key=key)
     fresh = place.storage(init_table(per * place.num_shards, storage.embedding_dim,
-                                     initializer_mode=initializer_mode,
-                                     constant_value=constant_value, sampled_values=sampled_values,
-                                     key=key, placement=place))
+                                     placement=place, **rows))
     fresh = fresh.replace(max_load_factor=storage.max_load_factor,
-                          load_policy=storage.load_policy, key_dtype=storage.key_dtype)
+                          load_policy=storage.load_policy, key_dtype=storage.key_dtype,
+                          initializer=storage.initializer)
     if not states:
         new, _ = place.map(_rehash_on_shard, None, (storage, fresh))
         return place.rebuild(table, new)

@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.ops.hashtable.batch import group_prefix
 from jaxops.ops.hashtable.murmur import murmur3_x86_32
+from jaxops.ops.hashtable.probe import first_occurrences, take
 from jaxops.ops.hashtable.words import Words64
 
 __all__ = ["OWNER_SEED", "AxisRouter", "Exchange", "LocalRouter", "RouteInfo", "Router",
@@ -71,11 +73,17 @@ class Exchange(NamedTuple):
         received: the routed payload (a tree of arrays, one entry per lane).
         active: bool, one per lane: the lanes holding something (the rest are padding).
         plan: where each of this device's lanes went (None: nothing moved).
+        weights: int32, one per lane: how many of the sender's lanes a lane stands for
+            (a deduplicated send); None: one each.
+        fan: int32, one per sender lane: the lane whose answer it takes (a deduplicated
+            send: the first lane of its key); None: its own.
     """
 
     received: Any
     active: jax.Array
     plan: Any = None
+    weights: jax.Array | None = None
+    fan: jax.Array | None = None
 
 
 class Router:
@@ -84,21 +92,37 @@ class Router:
 
     num_shards: int = 1
     shard_size: int = 0
+    #: Whether lanes move between shards (False: one device, every call the identity).
+    moves: bool = False
     #: ``(served, needed, lost)`` of the call's exchange (one per operation), or None
     report: tuple | None = None
 
-    def keys(self, words: Words64, active: jax.Array, extra: Any = ()) -> Exchange:
-        """Sends each key (and its ``extra`` payload) to its owner shard."""
+    def keys(self, words: Words64, active: jax.Array, extra: Any = (),
+             dedup: bool = False) -> Exchange:
+        """Sends each key (and its ``extra`` payload) to its owner shard. With ``dedup``
+        each distinct key is sent once (as TorchRec's input distribution does), standing for
+        its copies (``Exchange.weights``), with the ``extra`` of its first copy; answers fan
+        back out to every copy. Sum the copies' payload first where it adds up
+        (:func:`~.batch.group_sum`)."""
         raise NotImplementedError
 
-    def slots(self, slots: jax.Array, active: jax.Array, extra: Any = ()) -> Exchange:
+    def slots(self, slots: jax.Array, active: jax.Array, extra: Any = (),
+              dedup: bool = False) -> Exchange:
         """Sends each global slot (and ``extra``) to its shard as a local slot; -1 (absent)
-        stays -1 (it lands on shard 0, which counts it like any absent entry)."""
+        stays -1 (it lands on shard 0, which counts it like any absent entry). ``dedup`` as
+        in :meth:`keys`."""
         raise NotImplementedError
+
+    def copy_rank(self, exchange: Exchange, active: jax.Array) -> jax.Array:
+        """For each sender lane, how many copies of its key come before it in the batch
+        (0 without deduplication): the occurrence it is among those its sent lane stood
+        for."""
+        return jnp.zeros(active.shape, jnp.int32)
 
     def back(self, exchange: Exchange, answer: Any, fill: Any = 0) -> Any:
-        """Answers (one per received lane) back to the lanes they came from; ``fill`` where
-        a lane was not served."""
+        """Answers (one per received lane; an array, or a tuple of arrays) back to the lanes
+        they came from; ``fill`` (one, or a tuple: one per answer) where a lane was not
+        served."""
         raise NotImplementedError
 
     def index(self) -> jax.Array:
@@ -121,8 +145,8 @@ class Router:
         return jnp.zeros_like(x)
 
     def every(self, x: jax.Array) -> jax.Array:
-        """``[num_shards]``: each shard's ``x`` (a scalar), on every shard."""
-        return jnp.reshape(x, (1,))
+        """``[num_shards, ...]``: each shard's ``x``, on every shard."""
+        return jnp.expand_dims(x, 0)
 
 
 class LocalRouter(Router):
@@ -131,10 +155,10 @@ class LocalRouter(Router):
     def __init__(self, shard_size: int = 0):
         self.shard_size = shard_size
 
-    def keys(self, words, active, extra=()):
-        return Exchange((words, extra), active)
+    def keys(self, words, active, extra=(), dedup=False):
+        return Exchange((words, extra), active)  # nothing moves: nothing to deduplicate
 
-    def slots(self, slots, active, extra=()):
+    def slots(self, slots, active, extra=(), dedup=False):
         return Exchange((jnp.where(active, slots, -1), extra), active)
 
     def back(self, exchange, answer, fill=0):
@@ -166,38 +190,70 @@ class AxisRouter(Router):
     """One shard of a table laid along the mesh axis ``axis`` (inside ``shard_map``), with
     routing buffers of ``capacity`` lanes per destination."""
 
+    moves = True
+
     def __init__(self, axis: str, num_shards: int, shard_size: int, capacity: int):
         self.axis, self.num_shards, self.shard_size = axis, num_shards, shard_size
         self.capacity = capacity
 
-    def _send(self, payload: Any, owner: jax.Array, active: jax.Array) -> Exchange:
-        plan = _plan(owner, active, self.num_shards, self.capacity)
+    def _send(self, payload: Any, owner: jax.Array, active: jax.Array,
+              words: Words64 | None = None) -> Exchange:
+        """``payload`` to ``owner``; with ``words`` (the lanes' keys) each distinct key once."""
+        first, weights, send = None, None, active
+        if words is not None:
+            first = first_occurrences(words, active)
+            send = active & (first == jnp.arange(first.shape[0], dtype=jnp.int32))
+            weights = jnp.zeros(first.shape[0], jnp.int32).at[
+                jnp.where(active, first, first.shape[0])].add(1, mode="drop")
+            payload = (payload, weights)
+        plan = _plan(owner, send, self.num_shards, self.capacity)
         lanes = self.num_shards * self.capacity
 
-        def pack(x):
+        def scatter(x):
             buf = jnp.zeros((lanes,) + x.shape[1:], x.dtype)
-            return _exchange(buf.at[plan.position].set(x, mode="drop", unique_indices=True),
-                             self.axis)
+            return buf.at[plan.position].set(x, mode="drop", unique_indices=True)
 
-        lost = jnp.sum(active & ~plan.served, dtype=jnp.int32)
-        self.report = (plan.served, self.most(plan.needed), self.total(lost))
-        return Exchange(jax.tree.map(pack, payload), pack(jnp.ones(owner.shape[0], bool)), plan)
+        arrived = jnp.ones(owner.shape[0], bool)
+        received, arrived = _exchange_tree(jax.tree.map(scatter, (payload, arrived)), self.axis)
+        if first is not None:
+            received, weights = received
+        served = plan.served if first is None else take(plan.served, first) & active
+        # One psum for both counts: the fullest buffer anywhere, the lanes lost everywhere.
+        counts = self.every(jnp.stack([plan.needed, jnp.sum(active & ~served,
+                                                            dtype=jnp.int32)]))
+        self.report = (served, jnp.max(counts[:, 0]), jnp.sum(counts[:, 1]))
+        return Exchange(received, arrived, plan, weights, first)
 
-    def keys(self, words, active, extra=()):
+    def keys(self, words, active, extra=(), dedup=False):
         return self._send((words, extra), owner_shard(words.lo, words.hi, self.num_shards),
-                          active)
+                          active, words if dedup else None)
 
-    def slots(self, slots, active, extra=()):
+    def slots(self, slots, active, extra=(), dedup=False):
         owner = jnp.where(slots >= 0, slots // self.shard_size, 0)
         local = jnp.where(slots >= 0, slots % self.shard_size, -1)
-        return self._send((local, extra), owner, active)
+        as_key = Words64(slots.astype(jnp.uint32), jnp.zeros(slots.shape, jnp.uint32))
+        return self._send((local, extra), owner, active, as_key if dedup else None)
+
+    def copy_rank(self, exchange, active):
+        if exchange.fan is None:
+            return jnp.zeros(active.shape, jnp.int32)
+        return group_prefix(exchange.fan, active, jnp.ones(active.shape, jnp.int32))
 
     def back(self, exchange, answer, fill=0):
-        def back(x):
-            home = _exchange(x, self.axis)
-            return jnp.take(home, exchange.plan.position, axis=0, mode="fill", fill_value=fill)
+        lanes = self.num_shards * self.capacity
+        position = exchange.plan.position
+        if exchange.fan is not None:  # every copy takes its first's answer
+            position = take(position, exchange.fan)
+        home = _exchange_tree(answer, self.axis)
+        served = position < lanes
 
-        return jax.tree.map(back, answer)
+        def pick(x, fill):
+            got = jnp.take(x, jnp.minimum(position, lanes - 1), axis=0)
+            return jnp.where(served.reshape(-1, *([1] * (x.ndim - 1))), got,
+                             jnp.asarray(fill, x.dtype))
+
+        fills = fill if isinstance(fill, tuple) else jax.tree.map(lambda _: fill, answer)
+        return jax.tree.map(pick, home, fills)
 
     def index(self):
         return jax.lax.axis_index(self.axis).astype(jnp.int32)
@@ -217,11 +273,50 @@ class AxisRouter(Router):
                        dtype=x.dtype)
 
     def every(self, x):
-        return jax.lax.psum(jnp.zeros(self.num_shards, x.dtype).at[self.index()].set(x),
-                            self.axis)
+        return jax.lax.psum(jnp.zeros((self.num_shards, *x.shape), x.dtype).at[
+            self.index()].set(x), self.axis)
 
 
 def _exchange(x: jax.Array, axis: str) -> jax.Array:
     """Block ``d`` of ``x`` (split along axis 0) goes to device ``d``; received blocks are
     stacked by source. Its own transpose, so gradients flow back the same way."""
     return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
+
+
+def _exchange_tree(tree: Any, axis: str) -> Any:
+    """:func:`_exchange` of every leaf (all ``[lanes, ...]``) in at most two collectives:
+    the float32 leaves side by side in one (differentiable), every other leaf as uint32
+    columns in the other. On a few host cores each collective is a rendezvous of every
+    device's thread, which costs more than the bytes it moves."""
+    leaves, tree_def = jax.tree.flatten(tree)
+    if not leaves:
+        return tree
+    lanes = leaves[0].shape[0]
+    out = list(leaves)
+    for floats in (True, False):
+        group = [i for i, x in enumerate(leaves) if (x.dtype == jnp.float32) == floats]
+        if not group:
+            continue
+        cols = [leaves[i].reshape(lanes, -1) for i in group]
+        if not floats:
+            cols = [_as_words32(c) for c in cols]
+        joined = _exchange(jnp.concatenate(cols, axis=1), axis)
+        at = 0
+        for i, c in zip(group, cols):
+            part = joined[:, at:at + c.shape[1]]
+            at += c.shape[1]
+            out[i] = (part if floats else _from_words32(part, leaves[i].dtype)).reshape(
+                leaves[i].shape)
+    return tree_def.unflatten(out)
+
+
+def _as_words32(x: jax.Array) -> jax.Array:
+    if x.dtype.itemsize == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return x.astype(jnp.uint32)  # bool and small integers: their values fit
+
+
+def _from_words32(x: jax.Array, dtype) -> jax.Array:
+    if np.dtype(dtype).itemsize == 4:
+        return jax.lax.bitcast_convert_type(x, dtype)
+    return x.astype(dtype)

@@ -56,6 +56,7 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.checks import check_int, check_numeric
+from jaxops.ops.hashtable.owner import reset_rows
 from jaxops.ops.hashtable.placement import placement_of
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, VALID, HashTable
 from jaxops.ops.hashtable.words import Words64
@@ -164,15 +165,29 @@ def evict_lowest(table: Any, n: Any = None, *, fraction: float | None = None,
 
 
 def evict_lowest_per_shard(table: Any, counts: Any, keep: Any, by: str, *,
-                           donate: bool = False) -> Any:
+                           donate: bool = False, states: Any = ()) -> Any:
     """Evicts ``counts[i]`` entries of lowest score in shard ``i`` (host ints), sparing the
-    (global) slots ``keep`` (the ``"evict"`` load policy)."""
+    (global) slots ``keep`` (the ``"evict"`` load policy). ``states``: optimizer states
+    beside the table as ``(state, init)`` pairs, whose rows at the evicted slots are reset
+    to ``init``'s; then ``(table, [state, ...])`` is returned."""
     place = placement_of("evict_lowest", table)
     counts = np.asarray(counts, np.int32).reshape(place.num_shards)
     keep = jnp.asarray(np.asarray(keep, np.int32).reshape(-1))
-    new, _ = place.map(_lowest_on_shard, (by, 0.0, False), place.storage(table),
-                       (jnp.asarray(counts), keep), donate=donate)
-    return place.rebuild(table, new)
+    storage = place.storage(table)
+    new, _ = place.map(_lowest_on_shard, (by, 0.0, False), storage,
+                       (jnp.asarray(counts), keep), donate=donate and not states)
+    if not states:
+        return place.rebuild(table, new)
+    inits = tuple(init for _, init in states)
+    _, reset = place.map(_reset_on_shard, inits, (storage.flags, new.flags,
+                                                  tuple(state for state, _ in states)))
+    return place.rebuild(table, new), list(reset)
+
+
+def _reset_on_shard(router, inits, state, replicated):
+    old_flags, new_flags, states = state
+    evicted = ((new_flags & EVICTED) != 0) & ((old_flags & EVICTED) == 0)
+    return None, tuple(reset_rows(s, init, evicted) for s, init in zip(states, inits))
 
 
 def _lowest_on_shard(router, statics, table, replicated):

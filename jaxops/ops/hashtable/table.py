@@ -7,14 +7,16 @@ Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a f
 become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
 
 A key is a 64-bit pattern. A table's static ``key_dtype`` (``init_table(...,
-key_dtype=np.uint64)``; default int64, CANN's dtype) says how its keys come back: ``export``
-(int64 or uint64 JAX arrays with x64 on; word pairs that :func:`host_keys` joins with x64
-off), ``export_chunks`` and checkpoints give them in that dtype. Host keys (numpy arrays,
-Python ints) are values and must fit it: uint64 keys ``>= 2**63`` are refused by an int64
-table and negative keys by a uint64 table, naming the fix. JAX arrays and :class:`Words64`
-are taken as bit patterns whatever their dtype (inside ``jit`` nothing can be checked): with
-x64 off pass 64-bit ids to a jitted step as ``as_words(ids, ...)``, since JAX itself narrows
-a numpy int64 argument to int32 before any jaxops code sees it.
+key_dtype=np.uint64)``; default int64, CANN's dtype; int32 / uint32 for ids that are 32-bit)
+says how its keys come back: ``export`` (64-bit JAX arrays with x64 on; word pairs that
+:func:`host_keys` joins with x64 off), ``export_chunks`` and checkpoints give them in that
+dtype. Host keys (numpy arrays, Python ints) are values and must fit it: uint64 keys
+``>= 2**63`` are refused by an int64 table and negative keys by a uint64 table, naming the
+fix; word pairs given as keys are refused, naming :func:`host_keys`. :class:`Words64` are
+bit patterns. With x64 off a 64-bit table refuses JAX arrays of 32 bits or less, traced or
+not: JAX narrows a numpy int64 argument of a jitted function to int32 before any jaxops code
+sees it, so pass 64-bit ids to a jitted step as ``ht.words.as_words(ids)`` (and make a
+table of 32-bit ids with ``key_dtype=np.int32``).
 
 Flag bits (the byte CANN keeps at offset 23 of a bucket):
 
@@ -84,8 +86,15 @@ class HashTable:
             it by one, or sets it to its ``step=``); wraps after 2**32 steps (not in CANN).
         max_load_factor, load_policy: static; the most live keys an insert may leave, as a
             fraction of the slots, and what happens beyond (see :func:`set_load_policy`).
-        key_dtype: static, ``"int64"`` or ``"uint64"``: the dtype keys are checked against
-            and given back in (see the module docstring).
+        key_dtype: static, ``"int64"``, ``"uint64"``, ``"int32"`` or ``"uint32"``: the
+            dtype keys are checked against and given back in (see the module docstring);
+            with x64 off a 64-bit table refuses JAX 32-bit id arrays (they may be narrowed
+            64-bit ids), a 32-bit one takes them.
+        initializer: static, the rows slots get when the table grows (or is rebuilt):
+            ``("constant", value)``, ``("uniform", low, high, seed)`` with ``seed`` the PRNG
+            key's words (None: not known, e.g. a key traced inside ``jit``),
+            ``("callable", f, seed)`` (rows ``f(key, shape, dtype)``, a JAX initializer), or
+            ``("sampled",)`` (rows given by the caller; growth fills with 0.0 unless told).
     """
 
     key_lo: jax.Array
@@ -103,6 +112,7 @@ class HashTable:
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
     key_dtype: str = dataclasses.field(default="int64", metadata={"static": True})
+    initializer: tuple = dataclasses.field(default=("constant", 0.0), metadata={"static": True})
 
     @property
     def bucket_size(self) -> int:
@@ -171,4 +181,4 @@ def host_keys(table: Any, keys: Any) -> np.ndarray:
     if not isinstance(keys, Words64):
         keys = check_numeric("host_keys", "keys", keys, "integer keys (export's keys, "
                              "join_words output) or Words64", integer=True)
-    return to_host_int64(keys, signed=key_dtype == "int64")
+    return to_host_int64(keys, signed=key_dtype in ("int64", "int32")).astype(key_dtype)

@@ -36,13 +36,23 @@ __all__ = ["Counter64", "EMPTY_WORD", "Words64", "add_to_words", "as_counter", "
 
 EMPTY_WORD = np.uint32(0xFFFFFFFF)  # both words of the empty key -1
 
-_KEY_RANGE = {"int64": "[-2**63, 2**63)", "uint64": "[0, 2**64)"}
+_KEY_RANGE = {"int64": "[-2**63, 2**63)", "uint64": "[0, 2**64)",
+              "int32": "[-2**31, 2**31)", "uint32": "[0, 2**32)"}
+_KEY_LIMITS = {"int64": (-2**63, 2**63), "uint64": (0, 2**64), "int32": (-2**31, 2**31),
+               "uint32": (0, 2**32)}
 _KEY_FIX = {
     "int64": "Create the table with init_table(..., key_dtype=np.uint64) to keep uint64 keys, "
              "or pass their int64 bit patterns (keys.view(np.int64)).",
     "uint64": "A uint64 table takes keys >= 0; pass the uint64 bit patterns "
               "(keys.view(np.uint64)) if that is what the negative keys are.",
+    "int32": "A table made with key_dtype=np.int32 takes 32-bit ids; make it with "
+             "key_dtype=np.int64 for wider ones.",
+    "uint32": "A table made with key_dtype=np.uint32 takes 32-bit ids; make it with "
+              "key_dtype=np.uint64 for wider ones.",
 }
+_NARROWED = ("Pass 64-bit ids to a jitted step as ht.words.as_words(ids) (word pairs, made on "
+             "the host), or make the table with key_dtype=np.int32 (or np.uint32) if the ids "
+             "are 32-bit.")
 
 
 class Words64(NamedTuple):
@@ -71,13 +81,25 @@ _RANGE = "integers in [-2**63, 2**64) (int64, or uint64 bit patterns)"
 
 
 def _check_fit(values: np.ndarray, op: str, arg: str, key_dtype: str | None) -> None:
-    """Refuses host keys whose values the table's ``key_dtype`` cannot hold."""
-    if key_dtype == "int64" and values.dtype.kind in "uO":
-        bad = values >= 2**63
-    elif key_dtype == "uint64" and values.dtype.kind in "iO":
-        bad = values < 0
-    else:
+    """Refuses host keys whose values the table's ``key_dtype`` cannot hold, and word pairs
+    (``export``'s keys with x64 off) given as keys."""
+    if key_dtype is None:
         return
+    if values.dtype == np.uint32 and values.ndim >= 2 and values.shape[-1] == 2 \
+            and key_dtype in ("int64", "uint64"):
+        raise OpArgumentError(op, arg, f"{key_dtype} keys (or Words64)",
+                              f"uint32 {list(values.shape)}: word pairs, as export gives keys "
+                              "with x64 off", "Join them first: ht.host_keys(table, keys).")
+    low, high = _KEY_LIMITS[key_dtype]
+    if values.dtype.kind == "O":
+        bad = np.array([not low <= int(v) < high for v in values.reshape(-1)], bool)
+    else:
+        info = np.iinfo(values.dtype)
+        if low <= info.min and info.max < high:
+            return
+        bad = (values < low) if low > info.min else np.zeros(values.shape, bool)
+        if info.max >= high:
+            bad = bad | (values >= high)
     bad = np.asarray(bad, bool)
     if bad.any():
         wrong = values[bad].reshape(-1)
@@ -104,8 +126,8 @@ def _python_integers(x: Any, op: str, arg: str, key_dtype: str | None = None) ->
     return np.array([int(v) % 2**64 for v in flat], np.uint64).reshape(items.shape)
 
 
-def as_words(x: Any, op: str = "as_words", arg: str = "x", key_dtype: str | None = None
-             ) -> Words64:
+def as_words(x: Any, op: str = "as_words", arg: str = "x", key_dtype: str | None = None,
+             flat: bool = False) -> Words64:
     """64-bit integers in any accepted form → :class:`Words64` (uint32 JAX arrays).
 
     Accepted: a ``Words64``; a numpy integer array of any width (uint64 as bit patterns),
@@ -113,8 +135,13 @@ def as_words(x: Any, op: str = "as_words", arg: str = "x", key_dtype: str | None
     them in ``[-2**63, 2**64)``; a JAX int64/uint64 array (x64 on); a JAX int8..int32 array
     (sign-extended) or uint8..uint32 array (zero-extended).
 
-    With ``key_dtype`` (a table's, ``"int64"`` or ``"uint64"``) host values (numpy arrays,
-    Python ints) must fit it; JAX arrays and ``Words64`` stay bit patterns.
+    With ``key_dtype`` (a table's) host values (numpy arrays, Python ints) must fit it and
+    word pairs (``[..., 2]`` uint32, export's keys with x64 off) are refused, naming
+    ``host_keys``; JAX arrays and ``Words64`` stay bit patterns, except that with x64 off a
+    64-bit table refuses JAX arrays of 32 bits or less, traced or not: JAX narrows int64 ids
+    to int32 at a jit boundary, so they may be ids already cut (make the table with
+    ``key_dtype=np.int32`` when the ids are 32-bit). ``flat``: host keys come back flattened
+    (split on the host: no reshape on the device).
     """
     if isinstance(x, Words64):
         return Words64(jnp.asarray(x.lo).astype(jnp.uint32), jnp.asarray(x.hi).astype(jnp.uint32))
@@ -123,7 +150,7 @@ def as_words(x: Any, op: str = "as_words", arg: str = "x", key_dtype: str | None
             if x.dtype.kind not in "iu":
                 raise OpDTypeError(op, arg, _INTEGERS, str(x.dtype))
             _check_fit(x, op, arg, key_dtype)
-            return _host_words(x)
+            return _host_words(x.reshape(-1) if flat else x)
         try:
             arr = np.asarray(x)  # fast and exact when every int fits int64, or every uint64
         except (ValueError, OverflowError):
@@ -132,10 +159,19 @@ def as_words(x: Any, op: str = "as_words", arg: str = "x", key_dtype: str | None
             arr = _python_integers(x, op, arg, key_dtype)
         else:
             _check_fit(arr, op, arg, key_dtype)
-        return _host_words(arr)
+        return _host_words(arr.reshape(-1) if flat else arr)
     dtype = np.dtype(x.dtype)
     if dtype.kind not in "iu":
         raise OpDTypeError(op, arg, _INTEGERS, str(dtype))
+    if key_dtype in ("int64", "uint64") and dtype.itemsize < 8 and not _x64():
+        raise OpArgumentError(op, arg, f"{key_dtype} ids as Words64 (or numpy int64) with "
+                              "jax_enable_x64 off", f"a JAX {dtype} array{' ' + str(list(x.shape)) if x.ndim else ''}: "
+                              "JAX may have narrowed 64-bit ids to it", _NARROWED)
+    if key_dtype in ("int64", "uint64") and dtype == np.uint32 and x.ndim >= 2 \
+            and x.shape[-1] == 2:
+        raise OpArgumentError(op, arg, f"{key_dtype} keys (or Words64)",
+                              f"uint32 {list(x.shape)}: word pairs", "Join them first: "
+                              "ht.host_keys(table, keys).")
     if dtype.itemsize == 8:
         return Words64((x & 0xFFFFFFFF).astype(jnp.uint32), (x >> 32).astype(jnp.uint32))
     lo = x.astype(jnp.uint32)  # two's complement bits for signed inputs

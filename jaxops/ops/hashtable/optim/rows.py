@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.ops.hashtable.batch import group_first, group_sum, slot_words
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
 from jaxops.ops.hashtable.placement import placement_of, run_routed
@@ -219,11 +220,14 @@ def _init_on_shard(router, init_state, table, replicated):
 def _update_on_shard(router, spec, state, batch, active, step):
     table, opt = state
     slots, grads = batch
-    ex = router.slots(slots, active, grads)
+    if router.moves:  # each device sends each distinct slot once, its copies' gradients summed
+        grads = group_sum(group_first(slot_words(slots), active), active, grads)
+    ex = router.slots(slots, active, grads, dedup=True)
     local, grads = ex.received
     local = jnp.where(ex.active, local, -1)
     new_table, new_opt = apply_rule(spec, table, opt, local, grads, step)
-    real = jnp.sum(ex.active & (local < 0), dtype=jnp.int32)  # padding lanes are no entries
+    weights = jnp.ones_like(local) if ex.weights is None else ex.weights
+    real = jnp.sum(jnp.where(ex.active & (local < 0), weights, 0), dtype=jnp.int32)
     return (new_table, new_opt._replace(skipped=add_skipped(opt.skipped, real))), (), ()
 
 
@@ -286,7 +290,8 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
                                                  step, capacity=capacity)
             return place.rebuild(table, new, route.lost), opt, route
 
-        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow)[:2]
+        return run_routed(op, place, attempt, lambda r: r[2], n, route_capacity, overflow,
+                          table)[:2]
 
     init.__doc__ = f"The {name} state for ``table`` (see :class:`RowOptimizer`)."
     update.__doc__ = f"One {name} step on the touched rows (see :class:`RowOptimizer`)."
