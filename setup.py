@@ -31,7 +31,8 @@ def _extensions() -> list[Extension]:
         "jaxops.native._jaxops_native",
         sources=[os.path.join(src, f) for f in (
             "aclnn.cc", "compaction.cc", "hash.cc", "nms.cc", "scratch.cc", "unique.cc")],
-        depends=[os.path.join(src, h) for h in ("common.h", "parallel.h", "radix_sort.h")],
+        depends=[os.path.join(src, h) for h in ("common.h", "nms_walk.h", "parallel.h",
+                                                  "radix_sort.h")],
         include_dirs=[src],
         libraries=["dl"],  # aclnn.cc resolves the CANN runtime at run time (dlopen)
         # -isystem: jaxlib's headers warn under -Wall; -ffp-contract=off: no fused

@@ -2,7 +2,8 @@
 
 Each benchmark case times jaxops and its peer on the same inputs in one process, after a
 warm-up, as the median of several repeats, and reports the ratio ``ours / peer`` (these
-machines are noisy; ratios are what we compare). The table's ``best`` column is the ratio of
+machines are noisy; ratios are what we compare). The table's ``spread`` column is the
+interquartile range of the ratios of the interleaved pairs, its ``best`` column the ratio of
 the fastest repeats, the steadier figure when other load inflates the medians; targets are
 judged on the median ratio.
 """
@@ -81,6 +82,10 @@ class Result:
     # allocator freed before, so it can differ between runs of the same case
     ours_faults: int | None = None
     peer_faults: int | None = None
+    # the spread: quartiles of the ratios of the interleaved pairs (ours_i / peer_i), when
+    # timed by compare()
+    ratio_q1: float | None = None
+    ratio_q3: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -130,8 +135,11 @@ def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[
             times[side].append(time.perf_counter() - t0)
             faults[side].append(_minor_faults() - f0)
     (a, b), (fa, fb) = times, faults
+    pairs = sorted(x / y for x, y in zip(a, b))
+    q1, _, q3 = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else (pairs[0],) * 3
     return Result(name, statistics.median(a), peer_name, statistics.median(b), target, note,
-                  min(a), min(b), int(statistics.median(fa)), int(statistics.median(fb)))
+                  min(a), min(b), int(statistics.median(fa)), int(statistics.median(fb)),
+                  q1, q3)
 
 
 def _minor_faults() -> int:
@@ -142,13 +150,14 @@ def _minor_faults() -> int:
 def format_table(results: list[Result]) -> str:
     """A plain-text table of results with ratios and target verdicts."""
     head = (f"{'case':46s} {'ours ms':>9s} {'peer':>22s} {'peer ms':>9s} {'ratio':>7s} "
-            f"{'best':>6s} {'target':>7s}")
+            f"{'spread':>11s} {'best':>6s} {'target':>7s}")
     lines = [head, "-" * len(head)]
     for r in results:
         verdict = "" if r.target is None else (f"<={r.target:g} " + ("ok" if r.meets_target else "MISS"))
         best = "" if r.best_ratio is None else f"{r.best_ratio:.2f}"
+        spread = "" if r.ratio_q1 is None else f"{r.ratio_q1:.2f}-{r.ratio_q3:.2f}"
         lines.append(f"{r.name:46s} {r.ours_s * 1e3:9.2f} {r.peer:>22s} {r.peer_s * 1e3:9.2f} "
-                     f"{r.ratio:7.2f} {best:>6s} {verdict:>7s}")
+                     f"{r.ratio:7.2f} {spread:>11s} {best:>6s} {verdict:>7s}")
     return "\n".join(lines)
 
 

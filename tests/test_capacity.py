@@ -172,7 +172,7 @@ def test_policy_error():
 
 def test_policy_truncate_warns_once_per_site_and_keeps_flag():
     run = _toy([1, 1, 1, 0, 1], [])
-    with pytest.warns(overflow.CapacityOverflowWarning, match="2 elements lost"):
+    with pytest.warns(overflow.CapacityOverflowWarning, match=r"2 results lost \(2 elements"):
         out = overflow.run_with_policy(run, op="Toy", size=2, theoretical_max=5, policy="truncate")
     assert bool(out.overflowed()) and int(out.lost()) == 2
     with warnings.catch_warnings(record=True) as w:

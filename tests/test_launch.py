@@ -42,6 +42,8 @@ def test_outshape_pairs_must_share_one_tensor():
         OpArgContext(OP_OUTSHAPE(np.zeros(9), 0), OP_OUTSHAPE(np.zeros(9), 1))
     with pytest.raises(OutshapeError, match="tensor, output_index"):
         OP_OUTSHAPE(np.zeros(9))
+    with pytest.raises(OutshapeError, match=r"expected a shape tensor.*got list; pass np.asarray"):
+        OP_OUTSHAPE([0] * 9, 0)  # a list: the kernel could not write into it
 
 
 def test_option_combines_modes_and_rejects_non_args():

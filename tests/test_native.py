@@ -197,6 +197,75 @@ def test_batched_nms_native_equals_xla():
               _boxes(rng, n)[0], _scores(rng, (n,)), np.zeros(n, np.int32))
 
 
+DETECTION_CONFIGS = [  # the per-image cap and the candidate cut (issue 29)
+    dict(max_output_boxes_per_class=8, iou_threshold=0.45, score_threshold=0.2, max_detections=6),
+    dict(max_output_boxes_per_class=20, iou_threshold=0.6, pre_nms_top_k=25),
+    dict(max_output_boxes_per_class=5, iou_threshold=0.5, max_detections=7, pre_nms_top_k=17,
+         size=9),
+]
+
+
+def test_onnx_nms_cap_and_cut_native_equal_xla():
+    """max_detections and pre_nms_top_k (and the true shape that reports the cut) decided
+    alike, on tied scores where the cut lands inside a tie."""
+    rng = np.random.default_rng(7)
+    op = jaxops.get_op("NonMaxSuppression")
+    for attrs in DETECTION_CONFIGS:
+        for kind in BOX_KINDS:
+            for mode in (None, "high_performance"):
+                _same(functools.partial(op, impl_mode=mode, **attrs), _boxes(rng, 40, 3, kind),
+                      _scores(rng, (3, 4, 40), "ties"))
+
+
+def test_batched_nms_cut_native_equals_xla():
+    rng = np.random.default_rng(8)
+    op = jaxops.get_op("BatchedNMS")
+    for limit, top_k in [(None, 30), (9, 12), (40, 200)]:
+        idxs = rng.choice(np.array([-7, 0, 3, 2**30], np.int32), 120)  # any int32 ids
+        _same(functools.partial(op, iou_threshold=0.5, max_output_size=limit,
+                                score_threshold=0.1, pre_nms_top_k=top_k),
+              _boxes(rng, 120, 1, "clustered")[0], _scores(rng, (120,), "ties"), idxs)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(max_output_boxes=10, iou_threshold=0.45, score_threshold=0.2),
+    dict(max_output_boxes=6, iou_threshold=0.0, score_threshold=0.0, class_agnostic=True),
+    dict(max_output_boxes=12, iou_threshold=0.5, score_threshold=0.1, box_coding=1,
+         pre_nms_top_k=20),
+])
+def test_efficient_nms_native_equals_xla(attrs):
+    """TensorRT's IoU (>= t, its corner swap, NaN edges) and pre-NMS top-k, per-class and
+    shared boxes, float32 and float16 boxes (corners returned in the boxes' dtype)."""
+    rng = np.random.default_rng(9)
+    op = jaxops.get_op("EfficientNMS")
+    for kind in BOX_KINDS:
+        boxes = _boxes(rng, 30, 2, kind)
+        scores = _scores(rng, (2, 30, 3), "ties")
+        _same(functools.partial(op, **attrs), boxes, scores)
+        _same(functools.partial(op, **attrs), np.repeat(boxes[:, :, None], 3, axis=2)
+              .astype(np.float16), scores)
+    with jax.enable_x64(True):
+        _same(functools.partial(op, **attrs), _boxes(rng, 30, 2).astype(np.float64),
+              _scores(rng, (2, 30, 3), "ties").astype(np.float64))
+
+
+def test_traced_thresholds_native_equal_xla_under_vmap():
+    """Thresholds as operands, one per vmap example."""
+    rng = np.random.default_rng(10)
+    boxes = np.stack([_boxes(rng, 40, 2, "clustered") for _ in range(3)])
+    scores = np.stack([_scores(rng, (2, 2, 40), "ties") for _ in range(3)])
+    ious, sts = np.array([0.2, 0.5, 0.8], np.float32), np.array([0.1, 0.3, 0.0], np.float32)
+
+    def run(backend):
+        return jax.jit(jax.vmap(lambda b, s, t, st: (
+            jaxops.non_max_suppression(b, s, 10, t, st, max_detections=12, backend=backend),
+            jaxops.batched_nms(b[0], s[0, 0], jnp.arange(40) % 3, t, score_threshold=st,
+                               backend=backend),
+            jaxops.efficient_nms(b, s.transpose(0, 2, 1), max_output_boxes=8, iou_threshold=t,
+                                 score_threshold=st, backend=backend))))(boxes, scores, ious, sts)
+    chex.assert_trees_all_equal(run("native"), run("xla"))
+
+
 # Disjoint boxes scored with zeros, subnormals (1 and 2 units of the last place) and NaN,
 # and the kept boxes (best first) for each score threshold, decided on the values: a
 # subnormal is above zero, -0.0 == 0.0 (ties to the lower index), NaN is never a candidate

@@ -16,85 +16,14 @@ import pytest
 import jaxops
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.core.impl_mode import OpImplMode
-from jaxops.ops.nms.iou import decode_boxes
-from jaxops.ops.nms.tiled import greedy_nms, priority_order
-from tests.cases.nms import (by_score, greedy, np_decode, onnx_suppresses, random_boxes,
-                             random_scores, ref_batched_nms, ref_efficient_nms, ref_nms,
-                             ref_non_max_suppression, trt_suppresses)
+from tests.cases.nms import (by_score, random_boxes, random_scores, ref_batched_nms,
+                             ref_efficient_nms, ref_nms, ref_non_max_suppression)
 
 F32 = np.float32
 
 
 def assert_rows(got, want):
     chex.assert_trees_all_equal(np.asarray(got, np.int64), np.asarray(want, np.int64))
-
-
-# -- the tiled core -------------------------------------------------------------------------
-
-@pytest.mark.parametrize("max_output,grouped,inclusive,t", [
-    (25, False, False, 0.45), (300, True, False, 0.45), (300, True, True, 0.0)])
-def test_tiled_greedy_matches_sequential_greedy(max_output, grouped, inclusive, t):
-    # Small tiles and blocks: many tiles, kept-box blocks, early stops at max_output.
-    rng = np.random.default_rng(max_output + grouped)
-    boxes = random_boxes(rng, (6, 300), jitter=0.3)
-    valid = rng.random((6, 300)) < 0.9
-    groups = rng.integers(0, 3, (6, 300))
-    groups[:, :40] = 1  # group 0 first appears after the first tiles
-    run = jax.jit(jax.vmap(lambda b, v, g: greedy_nms(
-        decode_boxes(b), v, t, max_output, groups=g if grouped else None,
-        inclusive=inclusive, tile=16, block=32)))
-    keep, count = run(boxes, valid, groups)
-    suppress = trt_suppresses if inclusive else onnx_suppresses
-    for p in range(6):
-        want = greedy(np_decode(boxes[p]), np.flatnonzero(valid[p]), max_output,
-                      functools.partial(suppress, t=t), groups[p] if grouped else None)
-        assert_rows(np.flatnonzero(keep[p]), want)
-        assert int(count[p]) == len(want)
-    assert int(count.max()) > (16 if t else 2)  # several tiles (or groups) were kept from
-
-
-def _np_priority(scores, valid):
-    s = np.where(scores == 0, 0, scores)  # +0.0 and -0.0 tie
-    return np.lexsort((np.arange(s.shape[-1]), -np.where(valid, s, 0), ~valid))
-
-
-@pytest.mark.parametrize("n", [300, 40000])  # fast int32 path; multi-operand fallback
-def test_priority_order_by_score_then_index(n):
-    rng = np.random.default_rng(n)
-    scores = random_scores(rng, (n,), levels=7)
-    scores[rng.random(n) < 0.1] = np.nan
-    scores[rng.random(n) < 0.1] = -0.0
-    scores[:4] = [np.inf, -np.inf, 0.0, -0.0]
-    valid = ~np.isnan(scores) & (rng.random(n) < 0.9)
-    order = np.asarray(priority_order(jnp.asarray(scores), jnp.asarray(valid)))
-    nv = int(valid.sum())
-    assert_rows(order[:nv], _np_priority(scores, valid)[:nv])
-    assert_rows(np.sort(order), np.arange(n))  # a permutation, invalid ones last
-    assert valid[order[:nv]].all()
-
-
-def test_priority_order_float64_and_batched():
-    rng = np.random.default_rng(0)
-    scores = random_scores(rng, (3, 50), levels=5)
-    valid = rng.random((3, 50)) < 0.8
-    with jax.enable_x64(True):
-        order = np.asarray(priority_order(jnp.asarray(scores, jnp.float64), jnp.asarray(valid)))
-    for p in range(3):
-        nv = int(valid[p].sum())
-        assert_rows(order[p, :nv], _np_priority(scores[p], valid[p])[:nv])
-
-
-def test_priority_order_high_performance_ranks_on_leading_bits():
-    rng = np.random.default_rng(1)
-    n = 1000  # 10 index bits: scores are compared on their top 22 bits
-    coarse, fine = rng.integers(0, 8, n) * 2.0 ** -14, rng.integers(0, 64, n) * 2.0 ** -22
-    scores = (0.5 + coarse + fine).astype(F32)  # `fine` lies in the 10 dropped bits
-    valid = np.ones(n, bool)
-    order = np.asarray(priority_order(jnp.asarray(scores), jnp.asarray(valid), exact=False))
-    leading = scores.view(np.int32) >> 10
-    assert_rows(order, np.lexsort((np.arange(n), -leading)))
-    exact = np.asarray(priority_order(jnp.asarray(scores), jnp.asarray(valid)))
-    assert not np.array_equal(order, exact)  # the documented difference is real
 
 
 # -- NonMaxSuppression: hand-made edge cases ------------------------------------------------

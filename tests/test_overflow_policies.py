@@ -31,7 +31,7 @@ def test_nms_truncate_is_default_keeps_top_scores_and_warns_once():
     def call():  # one call site
         return jaxops.non_max_suppression(boxes, scores, 4, 0.5, size=5)
 
-    with pytest.warns(overflow.CapacityOverflowWarning, match="60 elements lost"):
+    with pytest.warns(overflow.CapacityOverflowWarning, match=r"20 results lost \(60 elements"):
         out = call()
     kept = jaxops.refresh(out, allow_truncated=True)
     np.testing.assert_array_equal(kept, ref_non_max_suppression(boxes, scores, 4, 0.5, size=5))
@@ -109,7 +109,8 @@ def test_index_ops_error_truncate_host(call):
         cut = call("truncate")
     first = cut[0] if isinstance(cut, tuple) else cut
     assert bool(first.overflowed())
-    assert f"{int(first.lost())} elements lost" in str(seen[0].message)  # 14 for argwhere
+    # results in the unit of capacity and true size, elements as DynArray.lost(): 14 for argwhere
+    assert f"7 results lost ({int(first.lost())} elements" in str(seen[0].message)
     host = call("host")
     first = host[0] if isinstance(host, tuple) else host
     assert not bool(first.overflowed()) and int(first.numel()) in (10, 20)  # 20: argwhere [10, 2]
@@ -170,12 +171,16 @@ def test_every_overflow_message_counts_what_dynarray_lost_counts():
     lost = int(cut.lost())
     assert lost == 6 and int(cut.lost(axis=1)) == 3  # 3 pairs = 6 elements
     overflow.reset_warnings()
-    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"\(true size 4\); {lost} elements"):
+    with pytest.warns(overflow.CapacityOverflowWarning,
+                      match=rf"\(true size 4\): 3 results lost \({lost} elements"):
         jaxops.nonzero(x, size=1, overflow="truncate")
-    with pytest.raises(CapacityOverflowError, match=rf"{lost} elements would be lost") as e:
+    with pytest.raises(CapacityOverflowError,
+                       match=rf"3 results would be lost \({lost} elements") as e:
         jaxops.nonzero(x, size=1, overflow="error")
-    assert e.value.lost == lost and (e.value.capacity, e.value.true_size) == (1, 4)
-    with pytest.warns(overflow.CapacityOverflowWarning, match=rf"{lost} elements lost in all"):
+    assert e.value.lost == lost and e.value.lost_results == 3
+    assert (e.value.capacity, e.value.true_size) == (1, 4)
+    with pytest.warns(overflow.CapacityOverflowWarning,
+                      match=rf"3 results lost in all \({lost} elements"):
         assert jaxops.check_overflow(cut, policy="warn") == lost
     with pytest.warns(overflow.CapacityOverflowWarning, match=rf"{lost} elements lost"):
         jaxops.refresh(cut)

@@ -72,6 +72,10 @@ def OP_OUTSHAPE(pair, index: int | None = None) -> OpArg:
         tensor, index = pair
     else:
         tensor = pair
+    if not (hasattr(tensor, "shape") and hasattr(tensor, "dtype")):
+        raise OutshapeError("OP_OUTSHAPE: expected a shape tensor (a 1-D numpy or JAX array of "
+                            "9 words per output: int32, int64 or float32), got "
+                            f"{type(tensor).__name__}; pass np.asarray(words, np.int64)")
     return OpArg(OpArgKind.OUTSHAPE, ((tensor, int(index)),))
 
 

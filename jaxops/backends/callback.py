@@ -8,7 +8,10 @@ operator kernel usable under ``jit``, ``vmap`` and ``grad``:
   backends are interchangeable. ``host_fn`` returns each output at its *exact* shape, as
   if capacity were unlimited; a data-dependent output is cut to its max shape as a leading
   block, padded with its fill value, and its true shape kept where the ``xla`` kernel
-  keeps one (so overflow stays visible).
+  keeps one (so overflow stays visible). An output whose true shape is not its exact
+  shape (a bound on results the host could not compute) comes as :class:`Exact`.
+- **Traced attrs.** A ``traced`` attr given a JAX scalar crosses to the host with the
+  inputs (one compile for every value) and reaches ``host_fn`` as a numpy scalar.
 - **jit.** One :func:`jax.pure_callback` per call carries the inputs to the host and the
   max-shape buffers back.
 - **vmap.** ``vmap_method="expand_dims"``: the whole batch crosses in one callback and
@@ -22,7 +25,7 @@ operator kernel usable under ``jit``, ``vmap`` and ``grad``:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -34,7 +37,7 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
 
 __all__ = [
-    "HOST_KERNELS", "HostFn", "host_kernel", "host_kernel_for", "pack",
+    "HOST_KERNELS", "Exact", "HostFn", "host_kernel", "host_kernel_for", "pack",
 ]
 
 HostFn = Callable[..., Sequence[np.ndarray]]
@@ -45,10 +48,19 @@ register_backend(BackendEntry(
     "host", lambda: (True, "numpy kernels reached through jax.pure_callback (backward pass on xla)")))
 
 
+class Exact(NamedTuple):
+    """A host output at its exact shape with the true shape to report for it (what a
+    capacity the host did not have could have added)."""
+
+    data: np.ndarray
+    true_shape: Sequence[int]
+
+
 def pack(op: str, index: int, exact: Any, struct: Any) -> list[np.ndarray]:
     """The callback leaves of one output: ``exact`` laid into the ``struct`` of the xla
     kernel's output (a DynArray of ShapeDtypeStructs or one ShapeDtypeStruct)."""
-    exact = np.asarray(exact)
+    true = exact.true_shape if isinstance(exact, Exact) else None
+    exact = np.asarray(exact.data if isinstance(exact, Exact) else exact)
     if not isinstance(struct, DynArray):
         if exact.shape != tuple(struct.shape):
             raise RuntimeError(f"{op}: host output {index} has shape {exact.shape}, the xla "
@@ -64,16 +76,17 @@ def pack(op: str, index: int, exact: Any, struct: Any) -> list[np.ndarray]:
     data[block] = exact[block]
     leaves = [data, actual]
     if struct.true_shape is not None:
-        leaves.append(np.asarray(exact.shape, np.int32))
+        leaves.append(np.asarray(exact.shape if true is None else true, np.int32))
     return leaves
 
 
 def _batched_host_call(op: OpDef, host_fn: HostFn, in_tree, base_shapes, out_structs,
                        attrs) -> Callable[..., list[np.ndarray]]:
-    """The function the callback runs: loops over leading (vmap) axes and packs."""
+    """The function the callback runs: loops over leading (vmap) axes and packs. The
+    leaves are the inputs', then the traced attrs' (:func:`_split_attrs`)."""
     def run_one(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        inputs = jax.tree_util.tree_unflatten(in_tree, list(arrays))
-        exact = host_fn(*inputs, **attrs)
+        inputs, traced_attrs = jax.tree_util.tree_unflatten(in_tree, list(arrays))
+        exact = host_fn(*inputs, **attrs, **{k: v[()] for k, v in traced_attrs.items()})
         if len(exact) != len(out_structs):
             raise RuntimeError(f"{op.name}: host kernel returned {len(exact)} outputs, the "
                                f"operator has {len(out_structs)}")
@@ -129,21 +142,29 @@ def host_kernel(op: OpDef, host_fn: HostFn,
     return kernel
 
 
+def _split_attrs(attrs: dict) -> tuple[dict, dict]:
+    """(static attrs, JAX-scalar attrs): the latter travel as callback operands."""
+    dynamic = {k: v for k, v in attrs.items() if isinstance(v, jax.Array)}
+    return {k: v for k, v in attrs.items() if k not in dynamic}, dynamic
+
+
 def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
                  traced: Traced | None, mode: OpImplMode | None) -> KernelFn:
-    def kernel(*inputs, **attrs):
+    def kernel(*inputs, **all_attrs):
         if check is not None:
-            check(*inputs, **attrs)
-        leaves, in_tree = jax.tree_util.tree_flatten(list(inputs))
+            check(*inputs, **all_attrs)
+        attrs, dynamic = _split_attrs(all_attrs)
+        leaves, in_tree = jax.tree_util.tree_flatten((list(inputs), dynamic))
         xla = op.get_kernel("xla", op.select_mode(mode))
 
-        def xla_leaves(*args):
-            return jax.tree_util.tree_leaves(tuple(xla(*jax.tree_util.tree_unflatten(
-                in_tree, list(args)), **attrs)))
+        def call_xla(args):
+            ins, dyn = jax.tree_util.tree_unflatten(in_tree, list(args))
+            return tuple(xla(*ins, **attrs, **dyn))
 
-        out_structs = tuple(jax.eval_shape(
-            lambda *a: tuple(xla(*jax.tree_util.tree_unflatten(in_tree, list(a)), **attrs)),
-            *leaves))
+        def xla_leaves(*args):
+            return jax.tree_util.tree_leaves(call_xla(args))
+
+        out_structs = tuple(jax.eval_shape(lambda *a: call_xla(a), *leaves))
         flat_structs, out_tree = jax.tree_util.tree_flatten(out_structs)
         result_types = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in flat_structs]
         on_host = _batched_host_call(op, host_fn, in_tree, [tuple(np.shape(x)) for x in leaves],
@@ -151,8 +172,8 @@ def _host_kernel(op: OpDef, host_fn: HostFn, check: Callable[..., None] | None,
 
         @jax.custom_vjp
         def run(*args):
-            outs = None if traced is None else traced(
-                out_structs, *jax.tree_util.tree_unflatten(in_tree, list(args)), **attrs)
+            ins, dyn = jax.tree_util.tree_unflatten(in_tree, list(args))
+            outs = None if traced is None else traced(out_structs, *ins, **attrs, **dyn)
             if outs is not None:
                 return jax.tree_util.tree_leaves(tuple(outs))
             return jax.pure_callback(on_host, result_types, *args, vmap_method="expand_dims")

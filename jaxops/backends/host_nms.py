@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxops.backends.callback import host_kernel_for
+from jaxops.backends.callback import Exact, host_kernel_for
 from jaxops.core.float_bits import largest_at_most, np_greater, np_ordered_bits
 from jaxops.core.numerics import compute_dtype
 from jaxops.core.tensorrt_boxes import tensorrt_area, tensorrt_iou, tensorrt_reorder
 
 __all__ = [
-    "Boxes", "batched_nms", "by_priority", "candidates", "decode", "efficient_nms", "greedy",
-    "nms_indices", "non_max_suppression",
+    "Boxes", "batched_nms", "best_rows", "by_priority", "candidates", "decode", "efficient_nms",
+    "greedy", "limited_candidates", "nms_indices", "non_max_suppression",
 ]
 
 Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lo0 lo1 hi0 hi1 area
@@ -100,41 +100,69 @@ def nms_indices(boxes: Boxes, scores: np.ndarray, valid: np.ndarray, t: float,
     return order[keep]
 
 
+def limited_candidates(keys: np.ndarray, valid: np.ndarray, capacity: int | None
+                       ) -> tuple[np.ndarray, int]:
+    """``valid`` restricted to the ``capacity`` best by priority (ties to the lower index)
+    when more pass, and how many that cut."""
+    count = int(valid.sum())
+    if capacity is None or count <= capacity:
+        return valid, 0
+    kept = np.zeros_like(valid)
+    kept[by_priority(keys, valid)[:capacity]] = True
+    return kept, count - capacity
+
+
+def best_rows(row_keys: np.ndarray, limit: int | None) -> np.ndarray:
+    """Positions of the ``limit`` best rows by key (ties to the earlier row), in row order."""
+    if limit is None or len(row_keys) <= limit:
+        return np.arange(len(row_keys))
+    return np.sort(by_priority(row_keys, np.ones(len(row_keys), bool))[:limit])
+
+
 @host_kernel_for("NonMaxSuppression")
 def non_max_suppression(boxes, scores, *, max_output_boxes_per_class, iou_threshold,
-                        score_threshold, center_point_box, size):
+                        score_threshold, center_point_box, size, max_detections, pre_nms_top_k):
     b, n, _ = boxes.shape
     c = scores.shape[1]
     per_class = min(n, max_output_boxes_per_class)
+    per_image = c * per_class if max_detections is None else min(c * per_class, max_detections)
     dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
-    rows = []
-    for bi in range(b if per_class else 0):
+    rows, bound = [], 0
+    for bi in range(b if per_image else 0):
         decoded = decode(boxes[bi], dtype, center=center_point_box == 1,
                          reorder=center_point_box == 0)
-        for ci in range(c):
-            s = scores[bi, ci].astype(dtype)
-            kept = nms_indices(decoded, s, candidates(s, score_threshold), iou_threshold,
-                               per_class)
-            rows += [(bi, ci, int(k)) for k in kept]
-    if size is not None and len(rows) > size:
+        s = scores[bi].astype(dtype)
+        valid, cut = limited_candidates(s.reshape(-1), candidates(s, score_threshold).reshape(-1),
+                                        pre_nms_top_k)
+        valid = valid.reshape(c, n)
+        image = [(bi, ci, int(k)) for ci in range(c)
+                 for k in nms_indices(decoded, s[ci], valid[ci], iou_threshold, per_class)]
+        image = [image[r] for r in best_rows(np.array([s[r[1], r[2]] for r in image], dtype),
+                                             per_image)]
+        rows += image
+        bound += min(len(image) + cut, per_image)
+    total = len(rows)
+    if size is not None and total > size:
         # Over capacity the xla kernel keeps the `size` best scores (in row order). The
         # callback keeps the leading `size` rows and reports the full length as the true
         # size, so those rows go first and the lost ones after them.
-        row_scores = [float(scores[r].astype(dtype)) for r in rows]
-        best = set(sorted(range(len(rows)), key=lambda r: (-row_scores[r], r))[:size])
-        rows = [rows[r] for r in sorted(best)] + [rows[r] for r in range(len(rows)) if r not in best]
-    return (np.asarray(rows, np.int64).reshape(-1, 3),)
+        best = best_rows(np.array([scores[r].astype(dtype) for r in rows], dtype), size)
+        rest = np.setdiff1d(np.arange(total), best)
+        rows = [rows[r] for r in best] + [rows[r] for r in rest]
+    return (Exact(np.asarray(rows, np.int64).reshape(-1, 3), (max(total, bound), 3)),)
 
 
 @host_kernel_for("BatchedNMS")
-def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold):
+def batched_nms(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold,
+                pre_nms_top_k):
     n = boxes.shape[0]
     limit = n if max_output_size is None else min(n, max_output_size)
     dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
     s = scores.astype(dtype)
-    t = largest_at_most(iou_threshold, dtype)  # torchvision: float IoU > double threshold
-    return (nms_indices(decode(boxes, dtype), s, candidates(s, score_threshold), t,
-                        limit, groups=np.asarray(idxs)),)
+    t = largest_at_most(float(iou_threshold), dtype)  # torchvision: float IoU > double threshold
+    valid, cut = limited_candidates(s, candidates(s, score_threshold), pre_nms_top_k)
+    kept = nms_indices(decode(boxes, dtype), s, valid, t, limit, groups=np.asarray(idxs))
+    return (Exact(kept, (min(len(kept) + cut, limit),)),)
 
 
 @host_kernel_for("EfficientNMS")
@@ -142,14 +170,17 @@ def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_thres
                   class_agnostic, box_coding, pre_nms_top_k):
     b, n, c = scores.shape
     k = max_output_boxes
-    num = np.zeros((b, 1), np.int32)
+    num, cut = np.zeros((b, 1), np.int32), np.zeros((b, 1), np.int32)
     out_boxes = np.zeros((b, k, 4), boxes.dtype)
     out_scores = np.zeros((b, k), scores.dtype)
     out_classes = np.zeros((b, k), np.int32)
     dtype = np.dtype(compute_dtype(boxes.dtype, scores.dtype))
-    for bi in range(b if k and n * c else 0):
+    for bi in range(b):
         flat = scores[bi].reshape(-1).astype(dtype)      # element box * C + class
         valid = candidates(flat, score_threshold, inclusive=True)
+        cut[bi, 0] = max(int(valid.sum()) - pre_nms_top_k, 0)
+        if not k or not n * c:
+            continue
         cand = by_priority(np.where(valid, flat, -np.inf), np.ones_like(valid))
         cand = cand[:min(pre_nms_top_k, n * c)]
         box_id, cls = cand // c, cand % c
@@ -163,5 +194,4 @@ def efficient_nms(boxes, scores, *, max_output_boxes, iou_threshold, score_thres
         out_boxes[bi, :len(pos)] = corners[pos]
         out_scores[bi, :len(pos)] = flat[cand][pos]
         out_classes[bi, :len(pos)] = cls[pos]
-    return num, out_boxes, out_scores, out_classes
-
+    return num, out_boxes, out_scores, out_classes, cut

@@ -126,6 +126,12 @@ def _lost(cut: list[tuple[np.ndarray, np.ndarray]]) -> int:
     return sum(lost_elements(a, t) for a, t in cut)
 
 
+def _lost_results(cut: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Results lost over the overflowed examples, in the unit of capacities and true sizes:
+    along the axis each example was cut on (:meth:`DynArray.lost` with that ``axis``)."""
+    return sum(int(t[t > a][0] - a[t > a][0]) for a, t in cut)
+
+
 def _caller_site(skip_module: str) -> tuple[str, int]:
     """The first stack frame outside jaxops/tracing: the user's call site."""
     frame = sys._getframe(1)
@@ -228,15 +234,17 @@ def _policy(run, op: str, size: int | None, theoretical_max: int, policy: str) -
 
     def remedy(setting, short):
         true_size, dyns = short
-        lost = _lost(_overflowed_examples(dyns[:1]))  # of the first output (y of Unique, ...)
+        first = _overflowed_examples(dyns[:1])  # of the first output (y of Unique, ...)
+        lost, lost_results = _lost(first), _lost_results(first)
         if policy == "error":
             raise CapacityOverflowError(op, size, true_size,
                                         "Pass a larger size=, or overflow='expand'/'truncate'.",
-                                        lost=lost)
+                                        lost=lost, lost_results=lost_results)
         if policy == "truncate":
-            warn_once(f"{op}: output truncated to capacity {size} (true size {true_size}); "
-                      f"{lost} elements lost (the first output's DynArray.lost(), which "
-                      "reports it inside jit too, with overflowed()).")
+            warn_once(f"{op}: output truncated to capacity {size} (true size {true_size}): "
+                      f"{lost_results} results lost ({lost} elements; the first output's "
+                      "DynArray.lost(axis=) and lost() report them inside jit too, with "
+                      "overflowed()).")
             return KEEP
         return (next_capacity(true_size, theoretical_max), "host" if policy == "host" else None)
 
@@ -255,15 +263,15 @@ def check_overflow(tree: Any, policy: str = "error", op: str | None = None) -> i
     cut = _overflowed_examples(_dyns(tree))
     if not cut:
         return 0
-    total = _lost(cut)
+    total, results = _lost(cut), _lost_results(cut)
     a, t = cut[0]
     over = int(np.flatnonzero(t > a)[0])
     first = (int(a[over]), int(t[over]))
     if policy == "error":
         raise CapacityOverflowError(op or "check_overflow", first[0], first[1],
                                     "(the first overflowed output; lost counts all of them)",
-                                    lost=total)
+                                    lost=total, lost_results=results)
     warn_once(f"{op or 'check_overflow'}: outputs overflowed their capacity (first: capacity "
-              f"{first[0]}, true size {first[1]}); {total} elements lost in all "
-              "(DynArray.lost()).")
+              f"{first[0]}, true size {first[1]} results); {results} results lost in all "
+              f"({total} elements, DynArray.lost()).")
     return total

@@ -210,7 +210,7 @@ class DynArray:
     # -- traced queries -------------------------------------------------------------------
     def numel(self) -> jax.Array:
         """Number of valid elements (a traced int32 scalar, or ``[*batch]``)."""
-        return jnp.prod(self.actual_shape, axis=-1)
+        return _dims_product(self.actual_shape)
 
     def valid_mask(self) -> jax.Array:
         """Bool array at max shape (plus batch axes), True exactly inside the leading block."""
@@ -247,11 +247,86 @@ class DynArray:
         if self.true_shape is None:
             return jnp.zeros(self.batch_shape, jnp.int32)
         if axis is None:
-            return jnp.prod(self.true_shape, axis=-1) - self.numel()
+            return _dims_product(self.true_shape) - self.numel()
         if not -self.ndim <= axis < self.ndim:
             raise OpArgumentError("DynArray.lost", "axis",
                                   f"an int in [{-self.ndim}, {self.ndim})", axis)
         return self.true_shape[..., axis] - self.actual_shape[..., axis]
+
+    # -- elementwise ----------------------------------------------------------------------
+    def map(self, fn) -> "DynArray":
+        """``fn`` applied elementwise to the buffer: the same actual and true shape, the
+        padding ``fn(fill_value)``. What the comparison and arithmetic operators do, so an
+        expression of a DynArray stays one (``jaxops.nonzero(d > 2.5)`` reads only ``d``'s
+        valid region and carries its overflow on; ``d.data > 2.5`` is a plain array that
+        knows neither).
+
+        >>> d = DynArray(jnp.array([1.0, 4.0, 0.0]), [2], true_shape=[5])
+        >>> e = d > 2.5
+        >>> e.data.tolist(), e.fill_value, e.true_shape.tolist()
+        ([False, True, False], False, [5])
+        """
+        data = fn(self.data)
+        with jax.ensure_compile_time_eval():
+            fill = fn(jnp.asarray(self.fill_value, self.dtype))
+        if isinstance(fill, jax.core.Tracer):  # fn holds a traced value: pad with zeros
+            fill = np.zeros((), data.dtype).item()
+            out = DynArray.tree_unflatten(_Static(fill), (data, self.actual_shape,
+                                                          self.true_shape))
+            data = jnp.where(out.valid_mask(), data, jnp.asarray(fill, data.dtype))
+        else:
+            fill = np.asarray(fill).item()
+        return DynArray.tree_unflatten(_Static(fill), (data, self.actual_shape, self.true_shape))
+
+    def _elementwise(op):
+        def apply(self, other):
+            if isinstance(other, DynArray):
+                return NotImplemented  # two actual shapes: no single answer; use .map
+            return self.map(lambda x: op(x, other))
+        return apply
+
+    import operator as _op
+    __lt__, __le__ = _elementwise(_op.lt), _elementwise(_op.le)
+    __gt__, __ge__ = _elementwise(_op.gt), _elementwise(_op.ge)
+    __add__, __sub__, __mul__ = _elementwise(_op.add), _elementwise(_op.sub), _elementwise(_op.mul)
+    __truediv__, __and__, __or__ = (_elementwise(_op.truediv), _elementwise(_op.and_),
+                                    _elementwise(_op.or_))
+    __radd__, __rmul__, __rand__, __ror__ = __add__, __mul__, __and__, __or__
+    __rsub__ = _elementwise(lambda x, y: y - x)
+    __rtruediv__ = _elementwise(lambda x, y: y / x)
+    del _op, _elementwise
+
+    def take(self, values, fill_value: Any = 0) -> "DynArray":
+        """``values[self.data]`` for a 1-D DynArray of indices (``nonzero``'s, ``unique``'s):
+        the rows of ``values`` it points to, as a DynArray with this one's actual and true
+        length (padding ``fill_value``), so the rows an overflowed index list lost stay
+        counted downstream (e.g. boxes and scores gathered for ``jaxops.batched_nms``).
+
+        >>> i = DynArray(jnp.array([2, 0, -1]), [2], true_shape=[3])
+        >>> r = i.take(jnp.array([[1, 1], [2, 2], [3, 3]]))
+        >>> r.data.tolist(), r.actual_shape.tolist(), r.true_shape.tolist()
+        ([[3, 3], [1, 1], [0, 0]], [2, 2], [3, 2])
+        """
+        if self.ndim != 1:
+            raise OpArgumentError("DynArray.take", "self", "a 1-D DynArray of indices",
+                                  f"max shape {self.max_shape}")
+        values = jnp.asarray(values)
+        rest = values.shape[1:]
+        taken = jnp.take(values, jnp.clip(self.data, 0, max(values.shape[0] - 1, 0)), axis=0)
+        inside = (jnp.arange(self.max_shape[0]) < self.actual_shape[..., :1]).reshape(
+            self.batch_shape + (self.max_shape[0],) + (1,) * len(rest))
+        tail = jnp.broadcast_to(jnp.asarray(rest, jnp.int32), self.batch_shape + (len(rest),))
+        true = None if self.true_shape is None else \
+            jnp.concatenate([self.true_shape, tail], axis=-1)
+        return DynArray(jnp.where(inside, taken, jnp.asarray(fill_value, values.dtype)),
+                        jnp.concatenate([self.actual_shape, tail], axis=-1), true_shape=true,
+                        fill_value=fill_value)
+
+    def __neg__(self) -> "DynArray":
+        return self.map(lambda x: -x)
+
+    def __invert__(self) -> "DynArray":
+        return self.map(lambda x: ~x)
 
     # -- functional updates ---------------------------------------------------------------
     def set_actual_shape(self, shape) -> "DynArray":
@@ -314,6 +389,16 @@ class DynArray:
         clipped = tuple(jnp.clip(i, 0, m - 1) for i, m in zip(idx, self.max_shape))
         return jnp.where(inside, self.data[clipped], jnp.asarray(self.fill_value, self.dtype))
 
+    def ravel(self) -> "DynArray":
+        """A 1-D DynArray of the valid elements in row-major order of the actual shape
+        (:meth:`to_wire`'s layout): actual ``[numel]``, true ``[prod(true_shape)]``.
+
+        >>> DynArray(jnp.array([[1, 2, 0], [3, 4, 0]]), [2, 2]).ravel().data.tolist()
+        [1, 2, 3, 4, 0, 0]
+        """
+        true = None if self.true_shape is None else _dims_product(self.true_shape)[..., None]
+        return DynArray.tree_unflatten(self._fill, (self.to_wire(), self.numel()[..., None], true))
+
     def to_wire(self) -> jax.Array:
         """Flat buffer of max numel: the valid data in row-major order of the actual shape,
         then ``fill_value`` — the layout an Ascend kernel writes. Inverse of :meth:`from_wire`.
@@ -325,6 +410,16 @@ class DynArray:
         for _ in self.batch_shape:
             fn = jax.vmap(fn)
         return fn(self)
+
+
+def _dims_product(dims: jax.Array) -> jax.Array:
+    """Product over the last axis of int32 shape rows, as plain multiplies: under
+    ``jax.grad`` a shape carries a symbolic-zero tangent, which ``jnp.prod``'s rule cannot
+    reshape (TypeError on ``ad_util.Zero``)."""
+    out = jnp.ones(dims.shape[:-1], dims.dtype)
+    for k in range(dims.shape[-1]):
+        out = out * dims[..., k]
+    return out
 
 
 def _leading_block_mask(grid: Sequence[jax.Array], actual: jax.Array) -> jax.Array:

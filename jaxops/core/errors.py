@@ -12,7 +12,8 @@ __all__ = [
     "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
     "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
     "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
-    "OpArgumentError", "OpDTypeError", "OutshapeError", "UnknownAttrError", "UnknownOpError",
+    "OpArgumentError", "OpDTypeError", "OutshapeError", "RouteOverflowError",
+    "UnknownAttrError", "UnknownOpError",
     "UnsupportedDTypeError", "UsageError", "describe",
 ]
 
@@ -83,12 +84,27 @@ class CapacityOverflowError(JaxopsError, RuntimeError):
     """A data-dependent output did not fit the capacity it was given."""
 
     def __init__(self, op: str, capacity: int, true_size: int, hint: str = "",
-                 lost: int | None = None):
+                 lost: int | None = None, lost_results: int | None = None):
         self.op, self.capacity, self.true_size = op, capacity, true_size
-        self.lost = true_size - capacity if lost is None else lost  # elements, as DynArray.lost()
-        msg = (f"{op}: output of {true_size} results does not fit capacity {capacity} "
-               f"({self.lost} elements would be lost, as DynArray.lost() counts them).")
+        # in results along the capacity axis (rows of an [n, 3] output), like capacity and
+        # true_size; and in elements, as DynArray.lost() counts them
+        self.lost_results = true_size - capacity if lost_results is None else lost_results
+        self.lost = self.lost_results if lost is None else lost
+        msg = (f"{op}: output of {true_size} results does not fit capacity {capacity}: "
+               f"{self.lost_results} results would be lost ({self.lost} elements, as "
+               "DynArray.lost() counts them).")
         super().__init__(f"{msg} {hint}" if hint else msg)
+
+
+class RouteOverflowError(CapacityOverflowError):
+    """Keys of a hash-table call on a mesh did not fit a routing buffer (``route_capacity``):
+    counted in keys, the unit the buffers hold."""
+
+    def __init__(self, op: str, capacity: int, needed: int, lost: int):
+        super().__init__(op, capacity, needed, lost=lost, lost_results=lost)
+        self.args = (f"{op}: a routing buffer of {capacity} keys would need {needed}: {lost} "
+                     "keys were not routed to their shard (not served). Pass a larger "
+                     "route_capacity, or overflow='expand'.",)
 
 
 class CapacityOverflowWarning(UserWarning):

@@ -71,12 +71,16 @@ def ordered_bits(x: jax.Array) -> jax.Array:
 
 def greater(x: jax.Array, threshold: float, inclusive: bool = False) -> jax.Array:
     """``x > threshold`` (``>=`` with ``inclusive``) on the bits; NaN is never greater.
-    ``threshold`` is rounded to ``x``'s dtype as ``jnp.asarray`` would."""
+    ``threshold`` is rounded to ``x``'s dtype as ``jnp.asarray`` would; it may be a JAX
+    scalar (traced: then XLA rounds it, in XLA's float mode)."""
     x = jnp.asarray(x)
     if not _is_float(x.dtype):
-        t = jnp.asarray(threshold, x.dtype)
+        t = jnp.asarray(threshold).astype(x.dtype)
         return x >= t if inclusive else x > t
-    t = jnp.asarray(np_ordered_bits(np.asarray(threshold, x.dtype)))
+    if isinstance(threshold, jax.Array):
+        t = ordered_bits(threshold.astype(x.dtype))
+    else:
+        t = jnp.asarray(np_ordered_bits(np.asarray(threshold, x.dtype)))
     k = ordered_bits(x)
     nan = ~jnp.zeros((), k.dtype)
     return (k != nan) & (k >= t if inclusive else k > t)
@@ -115,8 +119,9 @@ def np_greater(x: np.ndarray, threshold: float, inclusive: bool = False) -> np.n
     return (k != ~k.dtype.type(0)) & (k >= t if inclusive else k > t)
 
 
-def largest_at_most(t: float, dtype) -> float:
-    """The largest value of float ``dtype`` that is ``<= t`` (as a Python float).
+def largest_at_most(t, dtype):
+    """The largest value of float ``dtype`` that is ``<= t``: a Python float for a Python
+    ``t``; for a JAX scalar ``t`` (traced or not), a JAX scalar of ``dtype``.
 
     For a value ``v`` of that dtype, ``v > t`` computed in double (torchvision compares its
     float IoU with a double threshold) equals ``v > largest_at_most(t, dtype)`` computed in
@@ -124,7 +129,13 @@ def largest_at_most(t: float, dtype) -> float:
 
     >>> largest_at_most(0.6, np.float32) < 0.6 < float(np.float32(0.6))
     True
+    >>> float(largest_at_most(jnp.float32(0.6), np.float32)) == float(np.float32(0.6))
+    True
     """
+    if isinstance(t, jax.Array):
+        r = t.astype(dtype)
+        wide = jnp.promote_types(t.dtype, dtype)
+        return jnp.where(r.astype(wide) > t.astype(wide), jnp.nextafter(r, jnp.asarray(-jnp.inf, dtype)), r)
     r = np.asarray(t, dtype)
     if float(r) > t:
         r = np.nextafter(r, np.asarray(-np.inf, dtype))

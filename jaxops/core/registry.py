@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.backend_table import select_backend
@@ -109,6 +110,18 @@ class AttrDef:
 
     ``optional=True`` also accepts ``None``. ``choices`` restricts the value to a set;
     ``check`` is a predicate on the cast value and ``expected`` says in words what it accepts.
+
+    ``traced=True`` (a float attr only) also accepts a JAX scalar, traced or not: it is then
+    a runtime operand of the kernel, not a compile-time constant, so a jitted caller
+    compiles once for every value (ONNX passes its NMS thresholds as tensors). A traced
+    value cannot be checked before it runs; Python and numpy values are checked and stay
+    compile-time constants. Any other attr given a traced value raises, saying it must be
+    static.
+
+    >>> import jax, jax.numpy as jnp
+    >>> t = AttrDef("t", "float", 0.5, traced=True)
+    >>> jax.jit(lambda x: t.validate("Doc", x) * 2)(jnp.float32(0.25)).item()
+    0.5
     """
 
     name: str
@@ -119,10 +132,13 @@ class AttrDef:
     check: Callable[[Any], bool] | None = None
     expected: str = ""
     doc: str = ""
+    traced: bool = False
 
     def __post_init__(self):
         if self.type not in _ATTR_TYPES:
             raise ValueError(f"AttrDef {self.name!r}: unknown attr type {self.type!r}")
+        if self.traced and self.type != "float":
+            raise ValueError(f"AttrDef {self.name!r}: only float attrs can be traced")
 
     def describe(self) -> str:
         """What the attribute accepts, in words (used in error messages and the CLI)."""
@@ -131,6 +147,16 @@ class AttrDef:
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         return f"{self.type}{' or None' if self.optional else ''}"
+
+    def _runtime_scalar(self, op: str, value: jax.Array) -> jax.Array:
+        """A JAX scalar for a ``traced`` attr: checked for shape and dtype only."""
+        if value.shape != () or not jnp.issubdtype(value.dtype, jnp.floating):
+            raise OpArgumentError(op, self.name, f"{self.describe()}: a Python float or a "
+                                  "float JAX scalar", f"a {value.dtype} array of shape "
+                                  f"{tuple(value.shape)}")
+        if not isinstance(value, jax.core.Tracer):  # concrete: its value can be checked
+            self.validate(op, float(value))
+        return value
 
     def parse_text(self, op: str, text: str) -> Any:
         """Parses a command-line value into the attribute's type, then validates it.
@@ -156,9 +182,21 @@ class AttrDef:
         return self.validate(op, value)
 
     def validate(self, op: str, value: Any) -> Any:
-        """Returns the value cast to the attribute's type, or raises naming op and attr."""
+        """Returns the value cast to the attribute's type, or raises naming op and attr.
+        A JAX scalar given to a ``traced`` attr is returned as it is (see the class)."""
         if value is None and self.optional:
             return None
+        if isinstance(value, jax.Array):
+            if self.traced:
+                return self._runtime_scalar(op, value)
+            if isinstance(value, jax.core.Tracer):
+                raise OpArgumentError(
+                    op, self.name, f"a static value ({self.describe()}): it fixes the "
+                    "compiled program", f"a traced {type(value).__name__}",
+                    "Pass a Python value, or make the caller's argument static, e.g. "
+                    f"jax.jit(f, static_argnames=[{self.name!r}]).")
+            if value.ndim == 0:
+                value = value.item()
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value.item()
         if not _ATTR_TYPES[self.type](value):
@@ -225,7 +263,7 @@ class OpDef:
     doc: str = ""
     jit_kernels: bool = True  # eager calls run the kernel jitted (attrs static)
     kernels: dict[tuple[str, OpImplMode | None], KernelFn] = dataclasses.field(default_factory=dict)
-    _jitted: dict[int, KernelFn] = dataclasses.field(default_factory=dict, repr=False)
+    _jitted: dict[tuple, KernelFn] = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.inputs, self.outputs, self.attrs = tuple(self.inputs), tuple(self.outputs), tuple(self.attrs)
@@ -403,17 +441,19 @@ class OpDef:
 
     def _runner(self, kernel: KernelFn, attrs: Mapping[str, Any]) -> KernelFn:
         """The kernel jitted with its attrs static, so an eager call is one compiled
-        executable rather than op-by-op dispatch (inside an outer jit it simply inlines)."""
+        executable rather than op-by-op dispatch (inside an outer jit it simply inlines).
+        A JAX scalar given to a ``traced`` attr is an operand instead (one compile for
+        every value)."""
         if not self.jit_kernels or self.value_depend:
             return kernel
+        static = tuple(a.name for a in self.attrs if not isinstance(attrs.get(a.name), jax.Array))
         try:
-            hash(tuple(attrs.values()))
+            hash(tuple(attrs[name] for name in static))
         except TypeError:  # an unhashable attr value cannot be static
             return kernel
-        jitted = self._jitted.get(id(kernel))
+        jitted = self._jitted.get((id(kernel), static))
         if jitted is None:
-            jitted = self._jitted[id(kernel)] = jax.jit(
-                kernel, static_argnames=tuple(a.name for a in self.attrs))
+            jitted = self._jitted[(id(kernel), static)] = jax.jit(kernel, static_argnames=static)
         return jitted
 
     def fill_value(self, k: int) -> Any:

@@ -42,6 +42,7 @@ TARGETS = {
     "jaxops_masked_select": "JaxopsMaskedSelect",
     "jaxops_onnx_nms": "JaxopsOnnxNms",
     "jaxops_batched_nms": "JaxopsBatchedNms",
+    "jaxops_efficient_nms": "JaxopsEfficientNms",
     "jaxops_unique": "JaxopsUnique",
     "jaxops_unique_values": "JaxopsUniqueValues",
     "jaxops_hash_find": "JaxopsHashFind",

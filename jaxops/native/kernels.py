@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import BackendUnavailableError
-from jaxops.core.float_bits import largest_at_most, np_ordered_bits
+from jaxops.core.float_bits import largest_at_most
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
 from jaxops.native.pruned_call import pruned_ffi_call
@@ -106,41 +106,69 @@ def _nms_float(*arrays):
     return [a.astype(dtype) for a in arrays]
 
 
-def _thresholds(iou_threshold, score_threshold, dtype) -> dict[str, Any]:
-    """The kernels' threshold attributes. The score threshold goes as its ``ordered_bits``
-    key in ``dtype`` (as int64 bits), rounded here exactly as the xla kernel's
-    ``float_bits.greater`` rounds it: the C++ side then compares keys only."""
-    key = int(np_ordered_bits(np.asarray([score_threshold or 0.0], dtype))[0])
-    return dict(iou_threshold=float(iou_threshold), has_score_threshold=score_threshold is not None,
-                score_key=key - (1 << 64) if key >= 1 << 63 else key)  # int64 of the same bits
+def _threshold(t, dtype):
+    """A threshold operand of the kernels, rounded to ``dtype`` as the xla kernel rounds it
+    (numpy for a Python value, XLA for a JAX scalar); 0 stands in for ``None``."""
+    if isinstance(t, jax.Array):
+        return t.astype(dtype)
+    return jnp.asarray(np.asarray(0.0 if t is None else t, dtype))
 
 
 def _onnx_nms(mode, struct, boxes, scores, *, max_output_boxes_per_class, iou_threshold,
-              score_threshold, center_point_box, size):
+              score_threshold, center_point_box, size, max_detections, pre_nms_top_k):
     rows = struct[0].data.shape[0]
-    if rows == 0 or min(boxes.shape[1], max_output_boxes_per_class) * scores.shape[1] == 0:
+    _, c, n = scores.shape
+    per_class = min(n, max_output_boxes_per_class)
+    per_image = c * per_class if max_detections is None else min(c * per_class, max_detections)
+    if rows == 0 or per_image == 0:
         return None  # nothing to compute (see the module docstring)
     boxes, scores = _nms_float(boxes, scores)
-    out, total = _call("jaxops_onnx_nms", [((rows, 3), struct[0].data.dtype), ((), i32)],
-                       boxes, scores, limit=min(boxes.shape[1], max_output_boxes_per_class),
-                       center=center_point_box == 1, exact=mode != OpImplMode.HIGH_PERFORMANCE,
-                       **_thresholds(iou_threshold, score_threshold, scores.dtype))
+    out, total, true = _call(
+        "jaxops_onnx_nms", [((rows, 3), struct[0].data.dtype), ((), i32), ((), i32)],
+        boxes, scores, _threshold(iou_threshold, scores.dtype),
+        _threshold(score_threshold, scores.dtype), per_class=per_class, per_image=per_image,
+        pre_nms_top_k=c * n if pre_nms_top_k is None else pre_nms_top_k,
+        has_score_threshold=score_threshold is not None, center=center_point_box == 1,
+        exact=mode != OpImplMode.HIGH_PERFORMANCE)
     three = jnp.int32(3)
-    return (_dynarray(struct[0], out, [jnp.minimum(total, rows), three], [total, three]),)
+    return (_dynarray(struct[0], out, [jnp.minimum(total, rows), three], [true, three]),)
 
 
 def _batched_nms(mode, struct, boxes, scores, idxs, *, iou_threshold, max_output_size,
-                 score_threshold):
+                 score_threshold, pre_nms_top_k):
     limit = struct[0].data.shape[0]
     if limit == 0:
         return None  # nothing to compute (see the module docstring)
+    n = scores.shape[0]
     boxes, scores = _nms_float(boxes, scores)
-    # torchvision compares its float IoU with a double threshold (see suppression.py).
-    iou_threshold = largest_at_most(float(iou_threshold), scores.dtype)
-    kept, count = _call("jaxops_batched_nms", [((limit,), struct[0].data.dtype), ((), i32)],
-                        boxes, scores, idxs.astype(i32), exact=mode != OpImplMode.HIGH_PERFORMANCE,
-                        **_thresholds(iou_threshold, score_threshold, scores.dtype))
-    return (_dynarray(struct[0], kept, [count], [count]),)
+    # torchvision compares its float IoU with a double threshold (see batched.py).
+    iou = iou_threshold if isinstance(iou_threshold, jax.Array) else float(iou_threshold)
+    iou = largest_at_most(iou, scores.dtype)
+    groups = idxs.astype(i32) if idxs.dtype.itemsize <= 4 else \
+        jnp.searchsorted(jnp.sort(idxs), idxs).astype(i32)  # the xla kernel's dense ids
+    kept, count, true = _call(
+        "jaxops_batched_nms", [((limit,), struct[0].data.dtype), ((), i32), ((), i32)],
+        boxes, scores, groups, _threshold(iou, scores.dtype),
+        _threshold(score_threshold, scores.dtype),
+        pre_nms_top_k=n if pre_nms_top_k is None else pre_nms_top_k,
+        has_score_threshold=score_threshold is not None,
+        exact=mode != OpImplMode.HIGH_PERFORMANCE)
+    return (_dynarray(struct[0], kept, [count], [true]),)
+
+
+def _efficient_nms(mode, struct, boxes, scores, *, max_output_boxes, iou_threshold,
+                   score_threshold, class_agnostic, box_coding, pre_nms_top_k):
+    b, n, c = scores.shape
+    k = max_output_boxes
+    boxes_f, scores_f = _nms_float(boxes, scores)
+    dtype = scores_f.dtype
+    num, out_boxes, out_scores, classes, cut = _call(
+        "jaxops_efficient_nms",
+        [((b, 1), i32), ((b, k, 4), dtype), ((b, k), dtype), ((b, k), i32), ((b, 1), i32)],
+        boxes_f, scores_f, _threshold(iou_threshold, dtype), _threshold(score_threshold, dtype),
+        pre_nms_top_k=pre_nms_top_k, per_class_boxes=boxes.ndim == 4,
+        agnostic=bool(class_agnostic), center=box_coding == 1)
+    return (num, out_boxes.astype(boxes.dtype), out_scores.astype(scores.dtype), classes, cut)
 
 
 # -- unique ---------------------------------------------------------------------------------
@@ -179,6 +207,7 @@ KERNELS: dict[str, tuple[Forward, Declines]] = {
     "MaskedSelect": (_masked_select, _masked_select_declines),
     "NonMaxSuppression": (_onnx_nms, _serves_all),
     "BatchedNMS": (_batched_nms, _serves_all),
+    "EfficientNMS": (_efficient_nms, _serves_all),
     "Unique": (_unique, _unique_declines),
 }
 

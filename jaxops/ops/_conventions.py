@@ -1,5 +1,5 @@
 """Conventions every dynamic-shape operator shares: index dtype, capacity attribute, fill
-values, shape checks, NMS thresholds.
+values, shape checks, NMS thresholds and limits, DynArray inputs.
 
 One home, so no operator file imports another for them.
 
@@ -12,19 +12,24 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.dtypes import ALL_NUMERIC, DataType
+from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import INDEX_FILL
 from jaxops.core.registry import AttrDef
 
 __all__ = [
-    "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "NMS_MODES", "SCORE_THRESHOLD", "VALUE_FILL",
-    "capacity_attr", "check_shape", "index_datatype", "index_dtype",
+    "ELEMENT_DTYPES", "INDEX_FILL", "IOU_THRESHOLD", "MAX_DETECTIONS", "NMS_INDEX_OUTPUT",
+    "NMS_MODES", "PRE_NMS_TOP_K", "SCORE_THRESHOLD", "VALUE_FILL", "ValidInput",
+    "capacity_attr", "check_shape", "index_datatype", "index_dtype", "iou_threshold_attr",
+    "read_input", "with_upstream_loss",
 ]
 
 #: Padding of value outputs (selected elements, unique values) and of counts.
@@ -34,10 +39,32 @@ ELEMENT_DTYPES = ALL_NUMERIC | {DataType.COMPLEX64, DataType.COMPLEX128}
 #: Impl modes of the NMS family.
 NMS_MODES = OpImplMode.HIGH_PRECISION | OpImplMode.HIGH_PERFORMANCE
 
-IOU_THRESHOLD = AttrDef("iou_threshold", "float", 0.0, check=lambda t: 0.0 <= t <= 1.0,
-                        expected="a float in [0, 1] (as ONNX Runtime requires)")
-SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True,
-                          check=lambda t: not math.isnan(t), expected="a float (not NaN) or None")
+
+
+def iou_threshold_attr(why: str = "", **changes) -> AttrDef:
+    """The NMS IoU threshold: a float in ``[0, 1]`` or a traced scalar (an operand: one
+    compile for every value). ``why`` says who requires the range, in the error."""
+    expected = "a float in [0, 1]" + (f" ({why})" if why else "") + " or a float JAX scalar"
+    return AttrDef("iou_threshold", "float", changes.pop("default", 0.0),
+                   check=lambda t: 0.0 <= t <= 1.0, expected=expected, traced=True, **changes)
+
+
+IOU_THRESHOLD = iou_threshold_attr()
+SCORE_THRESHOLD = AttrDef("score_threshold", "float", None, optional=True, traced=True,
+                          check=lambda t: not math.isnan(t),
+                          expected="a float (not NaN), a float JAX scalar, or None")
+MAX_DETECTIONS = AttrDef(
+    "max_detections", "int", None, optional=True, check=lambda k: k >= 0,
+    expected="an int >= 0 or None (the most detections per image, over all classes)",
+    doc="per-image cap over all classes, the best by score (torchvision detections_per_img, "
+        "TensorRT keepTopK)")
+PRE_NMS_TOP_K = AttrDef(
+    "pre_nms_top_k", "int", None, optional=True, check=lambda k: k >= 1,
+    expected="an int >= 1 or None (the most candidates per image)",
+    doc="candidate capacity per image: the best by score enter NMS, the number cut is reported")
+#: What every NMS operator whose output is a DynArray of indices declares.
+NMS_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [index_datatype()], impl_modes=NMS_MODES,
+                        data_dependent=True, fill_values=[INDEX_FILL])
 
 
 def index_dtype() -> np.dtype:
@@ -68,3 +95,62 @@ def check_shape(op: str, arg: str, shape: tuple, expected: str, ok: bool) -> Non
     """
     if not ok:
         raise OpArgumentError(op, arg, f"shape {expected}", f"shape {list(shape)}")
+
+
+# -- DynArray inputs ------------------------------------------------------------------------
+class ValidInput(NamedTuple):
+    """An operator input read as an array plus where it is valid: ``data`` (a DynArray's
+    max-shape buffer, or the array itself), ``valid`` (bool like ``data``, ``None`` when all
+    of it is), ``lost`` (int32: elements an overflowed DynArray lost upstream; ``None`` when
+    it cannot have lost any), ``rows``/``true_rows`` (int32: its valid and true length
+    along axis 0; ``None`` for a plain array)."""
+
+    data: Any
+    valid: jax.Array | None
+    lost: jax.Array | None
+    rows: jax.Array | None
+    true_rows: jax.Array | None
+
+
+def read_input(op: str, arg: str, x: Any) -> ValidInput:
+    """``x`` as an operator reads it: a DynArray's valid region only (its leading block),
+    with what it lost upstream, so the operator can carry an overflow on; any other value
+    as it is.
+
+    >>> d = DynArray(jnp.array([5, 7, 0]), [2], true_shape=[4])
+    >>> v = read_input("Doc", "x", d)
+    >>> v.valid.tolist(), int(v.lost), int(v.rows), int(v.true_rows)
+    ([True, True, False], 2, 2, 4)
+    """
+    if not isinstance(x, DynArray):
+        return ValidInput(x, None, None, None, None)
+    if x.batch_shape:
+        raise OpArgumentError(op, arg, "an array or an unbatched DynArray",
+                              f"a DynArray with batch shape {x.batch_shape}",
+                              "Call the operator inside jax.vmap over the batch.")
+    if x.ndim == 0:
+        return ValidInput(x.data, None, None, None, None)
+    true = x.true_shape
+    return ValidInput(x.data, x.valid_mask(), None if true is None else x.lost(),
+                      x.actual_shape[0], None if true is None else true[0])
+
+
+def with_upstream_loss(result: DynArray, lost: jax.Array | None, axis: int,
+                       limit: int | jax.Array | None = None) -> DynArray:
+    """``result`` whose true shape also counts what an overflowed input lost: each lost
+    input element could have added one result along ``axis`` (at most ``limit`` in all),
+    so ``true_shape`` becomes an upper bound and ``overflowed()`` says the result may be
+    incomplete. ``lost=None`` (nothing could be lost) returns ``result`` as it is.
+
+    >>> r = DynArray(jnp.array([0, -1]), [1])
+    >>> with_upstream_loss(r, jnp.int32(3), 0, limit=2).true_shape.tolist()
+    [2]
+    """
+    if lost is None:
+        return result
+    true = result.actual_shape if result.true_shape is None else result.true_shape
+    bound = true[..., axis] + jnp.asarray(lost, jnp.int32)
+    if limit is not None:
+        bound = jnp.maximum(jnp.minimum(bound, limit), true[..., axis])
+    return DynArray(result.data, result.actual_shape, true_shape=true.at[..., axis].set(bound),
+                    fill_value=result.fill_value)

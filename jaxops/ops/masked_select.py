@@ -25,7 +25,8 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.core.float_bits import is_nonzero
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import Input, OpDef, Output, register_op
-from jaxops.ops._conventions import ELEMENT_DTYPES, VALUE_FILL, capacity_attr
+from jaxops.ops._conventions import (ELEMENT_DTYPES, VALUE_FILL, capacity_attr, read_input,
+                                     with_upstream_loss)
 from jaxops.ops.compaction import compact_map, gather_valid
 
 __all__ = [
@@ -128,7 +129,11 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
 
     Args:
       x: array of any shape and numeric or bool dtype.
-      mask: bool (or uint8: non-zero selects) array that broadcasts with ``x``.
+      mask: bool (or uint8: non-zero selects) array that broadcasts with ``x``. Either
+        may be a :class:`DynArray`: only its valid region is read (the order is the row-major
+        order of its exact array), and what it lost upstream counts in the result's
+        ``true_shape`` (each lost element could have been selected), so ``overflowed()``
+        reports it.
       size: capacity (``jnp.nonzero``'s convention). ``None`` means the broadcast size and
         cannot overflow; a smaller capacity keeps the first ``size`` elements and sets
         ``true_shape`` so ``.overflowed()`` / ``.lost()`` report the cut inside ``jit``.
@@ -152,10 +157,21 @@ def masked_select(x: jax.Array, mask: jax.Array, *, size: int | None = None,
       >>> jaxops.refresh(d, allow_truncated=True).tolist(), int(d.lost())  # inside jit: cut
       ([0, 2], 1)
     """
-    def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
-        return MASKED_SELECT(x, mask, size=capacity, impl_mode=impl_mode,
-                             backend=rerun_backend or backend)[0]
+    vx, vm = read_input("MaskedSelect", "x", x), read_input("MaskedSelect", "mask", mask)
+    x, mask = vx.data, vm.data
+    shape = _broadcast_shape(np.shape(x), np.shape(mask))
+    if vx.valid is not None or vm.valid is not None:  # only the valid regions select
+        mask = jnp.broadcast_to(is_nonzero(mask), shape)
+        for valid in (vx.valid, vm.valid):
+            mask = mask if valid is None else mask & jnp.broadcast_to(valid, shape)
+    lost = [v.lost for v in (vx, vm) if v.lost is not None]
 
-    total = math.prod(_broadcast_shape(np.shape(x), np.shape(mask)))
+    def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
+        out = MASKED_SELECT(x, mask, size=capacity, impl_mode=impl_mode,
+                            backend=rerun_backend or backend)[0]
+        # the most either lost: an x and a mask cut by one capacity lose the same elements
+        return with_upstream_loss(out, jnp.max(jnp.stack(lost)) if lost else None, 0)
+
+    total = math.prod(shape)
     return run_with_policy(run, op="MaskedSelect", size=size, theoretical_max=total, policy=overflow,
                            record=record, input_shapes=[np.shape(x), np.shape(mask)])

@@ -39,7 +39,7 @@ from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, VALUE_FILL, capacity_attr, index_datatype,
-                                     index_dtype)
+                                     index_dtype, read_input, with_upstream_loss)
 from jaxops.ops.compaction import compact_indices, gather_valid
 from jaxops.ops.grouping import group_dense_ranks, group_keys, split_last_group
 from jaxops.ops.order_keys import (nan_rows, rows_differ_from_previous, sortable_keys,
@@ -252,6 +252,60 @@ def _unique_consecutive_xla(x, *, size, axis, equal_nan):
             _index_dyn(counts, n_runs, cap, COUNT_FILL))
 
 
+def _valid_only(op: str, x, axis, equal_nan: bool, last: bool):
+    """``(x_in, fix)``: what the kernel runs on, and what turns its outputs into those of a
+    DynArray ``x``'s valid elements (row-major order of its exact array; ``axis`` must be
+    None). The padding is set to a valid element (the first; for runs, the ``last``), which
+    adds no value; ``fix`` takes back what it added — to that element's count, or, when it
+    is a NaN that equals nothing, the unique values or runs it made (the last ones) — makes
+    ``inverse`` a DynArray, and counts what ``x`` lost upstream in the true shapes. A plain
+    ``x`` comes back as it is, with no fix."""
+    if not isinstance(x, DynArray):
+        return x, None
+    if axis is not None:
+        raise OpArgumentError(op, "axis", "None for a DynArray x (its valid region is read "
+                              "flattened)", axis, "Pass axis=None, or refresh the DynArray "
+                              "into an exact array first.")
+    given = read_input(op, "x", x.ravel())
+    flat, n, total = given.data, given.rows, given.data.shape[0]
+    ids = jnp.arange(total, dtype=jnp.int32)
+    at = jnp.maximum(n - 1, 0) if last else 0
+    x_in = jnp.where(ids < n, flat, flat[at])
+    padding = total - n
+    floating = jnp.issubdtype(flat.dtype, jnp.floating)
+    nan_apart = jnp.isnan(flat[at]) & (not equal_nan) if floating else jnp.bool_(False)
+    counts_at, inverse_at = (3, 2) if op == "Unique" else (2, 1)
+
+    def fix(outs: tuple) -> tuple:
+        outs = list(outs)
+        y = outs[0]
+        cap = y.data.shape[0]
+        made = y.actual_shape[0] if y.true_shape is None else y.true_shape[0]
+        found = jnp.where(n > 0, made - jnp.where(nan_apart, padding, 0), 0)
+        kept = jnp.minimum(found, cap)
+        uid = outs[inverse_at][at]
+        extra = (n > 0) & ~nan_apart & (uid >= 0) & (uid < cap)
+        counts = outs[counts_at]
+        outs[counts_at] = DynArray.tree_unflatten(counts._fill, (
+            counts.data.at[jnp.clip(uid, 0, cap - 1)].add(
+                jnp.where(extra, -padding, 0).astype(counts.dtype)) if cap else counts.data,
+            counts.actual_shape, counts.true_shape))
+        for k, out in enumerate(outs):
+            if k == inverse_at:
+                outs[k] = DynArray(jnp.where(ids < n, out, jnp.asarray(INDEX_FILL, out.dtype)),
+                                   n[None], fill_value=INDEX_FILL,
+                                   true_shape=None if given.true_rows is None
+                                   else given.true_rows[None])
+                continue
+            inside = (jnp.arange(cap) < kept).reshape((cap,) + (1,) * (out.data.ndim - 1))
+            outs[k] = with_upstream_loss(DynArray(
+                jnp.where(inside, out.data, jnp.asarray(out.fill_value, out.dtype)),
+                kept[None], fill_value=out.fill_value,
+                true_shape=None if out.true_shape is None else found[None]), given.lost, 0)
+        return tuple(outs)
+    return x_in, fix
+
+
 def _returns(y, extras):
     chosen = [v for want, v in extras if want]
     return (y, *chosen) if chosen else y
@@ -265,7 +319,11 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
     """Unique values of ``x`` (or unique slices along ``axis``) (op "Unique", ONNX semantics).
 
     Args:
-      x: array of a bool, integer or float dtype.
+      x: array of a bool, integer or float dtype; or a :class:`DynArray` (with ``axis``
+        None), of which only the valid elements count, in the row-major order of its exact
+        array: ``inverse`` is then a DynArray too, and what ``x`` lost upstream counts in
+        the outputs' ``true_shape`` (each lost element could have been a new value), so
+        ``overflowed()`` reports it.
       size: capacity, the max number of unique values (``jnp.unique``'s ``size``). ``None``
         means the number of elements (slices) and cannot overflow. With a smaller capacity
         the first ``size`` unique values (in output order) are kept; ``true_shape`` holds
@@ -304,9 +362,12 @@ def unique(x: jax.Array, *, size: int | None = None, sorted: bool = True, axis: 
       >>> jaxops.refresh(y).tolist()
       [-0.0, 3.0, nan, nan]
     """
+    x, fix = _valid_only("Unique", x, axis, equal_nan, last=False)
+
     def run(capacity: int | None, rerun_backend: str | None):
-        return UNIQUE(x, size=capacity, sorted=sorted, axis=axis, equal_nan=equal_nan,
+        outs = UNIQUE(x, size=capacity, sorted=sorted, axis=axis, equal_nan=equal_nan,
                       backend=rerun_backend or backend)
+        return outs if fix is None else fix(outs)
 
     y, indices, inverse, counts = run_with_policy(
         run, op="Unique", size=size, theoretical_max=_max_shapes("Unique", np.shape(x), None, axis)[1],
@@ -322,8 +383,8 @@ def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | Non
                        backend: str | None = None):
     """Collapses runs of equal consecutive values (or slices along ``axis``).
 
-    Same equality rules (``equal_nan`` included), capacity contract, ``overflow`` and
-    ``record`` and padding as :func:`unique`; the outputs are
+    Same equality rules (``equal_nan`` included), capacity contract, DynArray inputs,
+    ``overflow`` and ``record`` and padding as :func:`unique`; the outputs are
     ``torch.unique_consecutive``'s: ``y`` (first item of each run), ``inverse`` (run id of
     every element, plain array, -1 where the run was cut) and ``counts`` (run lengths).
     NaN rule: with ``equal_nan=True`` (default) consecutive NaNs form one run; with
@@ -343,9 +404,12 @@ def unique_consecutive(x: jax.Array, *, size: int | None = None, axis: int | Non
       ...  for e in (True, False)]
       [[2, 1], [1, 1, 1]]
     """
+    x, fix = _valid_only("UniqueConsecutive", x, axis, equal_nan, last=True)
+
     def run(capacity: int | None, rerun_backend: str | None):
-        return UNIQUE_CONSECUTIVE(x, size=capacity, axis=axis, equal_nan=equal_nan,
+        outs = UNIQUE_CONSECUTIVE(x, size=capacity, axis=axis, equal_nan=equal_nan,
                                   backend=rerun_backend or backend)
+        return outs if fix is None else fix(outs)
 
     y, inverse, counts = run_with_policy(
         run, op="UniqueConsecutive", size=size,

@@ -92,27 +92,55 @@ def by_score(scores: np.ndarray, candidates) -> list[int]:
     return sorted(candidates, key=lambda i: (-float(scores[i]), i))
 
 
+def best_of(row_scores, k) -> list[int]:
+    """Positions of the ``k`` best rows by score (ties: earlier row), in row order: a
+    capacity over the rows, torchvision's ``keep[:detections_per_img]`` (on rows sorted by
+    score) and TensorRT's ``keepTopK``."""
+    order = sorted(range(len(row_scores)), key=lambda r: (-float(row_scores[r]), r))
+    return sorted(order[:k])
+
+
+def top_candidates(flat_scores, passing, k) -> np.ndarray:
+    """``passing`` restricted to the ``k`` best by score (ties: lower element), TensorRT
+    EfficientNMS's pre-NMS top-k over one image's (box, class) pairs."""
+    if k is None or passing.sum() <= k:
+        return passing
+    out = np.zeros_like(passing)
+    out[by_score(flat_scores, np.flatnonzero(passing))[:k]] = True
+    return out
+
+
 def ref_non_max_suppression(boxes, scores, max_output_boxes_per_class=0, iou_threshold=0.0,
-                            score_threshold=None, center_point_box=0, size=None):
-    """ONNX NonMaxSuppression; NaN scores are never candidates. Rows ``[M, 3]``."""
+                            score_threshold=None, center_point_box=0, size=None,
+                            max_detections=None, pre_nms_top_k=None):
+    """ONNX NonMaxSuppression; NaN scores are never candidates. Rows ``[M, 3]``. With
+    ``pre_nms_top_k`` an image's candidates are its best (box, class) pairs (TensorRT's
+    pre-NMS top-k); with ``max_detections`` an image keeps its best rows (torchvision's
+    ``detections_per_img``)."""
     boxes, scores = np.asarray(boxes, F32), np.asarray(scores, F32)
     rows = []
     for b in range(boxes.shape[0]):
         dec = np_decode(boxes[b], center=center_point_box == 1, reorder=center_point_box == 0)
+        s = scores[b]
+        passing = ~np.isnan(s)
+        if score_threshold is not None:
+            passing &= s > F32(score_threshold)
+        passing = top_candidates(s.reshape(-1), passing.reshape(-1), pre_nms_top_k)
+        passing = passing.reshape(s.shape)
+        image = []
         for c in range(scores.shape[1]):
-            s = scores[b, c]
-            cand = [i for i in range(len(s)) if not np.isnan(s[i])
-                    and (score_threshold is None or s[i] > F32(score_threshold))]
-            kept = greedy(dec, by_score(s, cand), max_output_boxes_per_class,
+            kept = greedy(dec, by_score(s[c], np.flatnonzero(passing[c])),
+                          max_output_boxes_per_class,
                           functools.partial(onnx_suppresses, t=iou_threshold))
-            rows += [[b, c, i] for i in kept]
+            image += [[b, c, i] for i in kept]
+        rows += [image[r] for r in best_of([s[c, i] for _, c, i in image],
+                                           len(image) if max_detections is None
+                                           else max_detections)]
     rows = np.asarray(rows, np.int64).reshape(-1, 3)
     if size is None or len(rows) <= size:
         return rows
     # Over capacity: the `size` best scores (ties: earlier row), kept in row order.
-    row_scores = scores[rows[:, 0], rows[:, 1], rows[:, 2]]
-    best = sorted(range(len(rows)), key=lambda r: (-float(row_scores[r]), r))[:size]
-    return rows[sorted(best)]
+    return rows[best_of(scores[rows[:, 0], rows[:, 1], rows[:, 2]], size)]
 
 
 @np.errstate(invalid="ignore", divide="ignore", over="ignore")  # NaN / inf boxes are inputs too
@@ -138,26 +166,30 @@ def torchvision_nms(boxes, scores, iou_threshold):
     return keep
 
 
-def _torch_inputs(boxes, scores, score_threshold):
-    """Corners reordered (our documented extension) and candidates filtered."""
+def _torch_inputs(boxes, scores, score_threshold, pre_nms_top_k=None):
+    """Corners reordered (our documented extension) and candidates filtered (the best
+    ``pre_nms_top_k`` of them)."""
     b = np.asarray(boxes, F32)
     b = np.concatenate([np.minimum(b[:, :2], b[:, 2:]), np.maximum(b[:, :2], b[:, 2:])], 1)
     s = np.asarray(scores, F32)
-    cand = np.array([i for i in range(len(s)) if not np.isnan(s[i])
-                     and (score_threshold is None or s[i] > F32(score_threshold))], np.int64)
+    passing = np.array([not np.isnan(v) and (score_threshold is None or v > F32(score_threshold))
+                        for v in s], bool)
+    cand = np.flatnonzero(top_candidates(s, passing, pre_nms_top_k)).astype(np.int64)
     return b, s, cand
 
 
-def ref_nms(boxes, scores, iou_threshold, max_output_size=None, score_threshold=None):
-    b, s, cand = _torch_inputs(boxes, scores, score_threshold)
+def ref_nms(boxes, scores, iou_threshold, max_output_size=None, score_threshold=None,
+            pre_nms_top_k=None):
+    b, s, cand = _torch_inputs(boxes, scores, score_threshold, pre_nms_top_k)
     keep = cand[torchvision_nms(b[cand], s[cand], iou_threshold)] if len(cand) else cand
     return np.asarray(keep[:max_output_size], np.int64)
 
 
 def ref_batched_nms(boxes, scores, idxs, iou_threshold, max_output_size=None,
-                    score_threshold=None):
-    """torchvision batched_nms: nms per class id, merged by decreasing score."""
-    b, s, cand = _torch_inputs(boxes, scores, score_threshold)
+                    score_threshold=None, pre_nms_top_k=None):
+    """torchvision batched_nms: nms per class id, merged by decreasing score; then
+    ``keep[:detections_per_img]`` (``max_output_size``)."""
+    b, s, cand = _torch_inputs(boxes, scores, score_threshold, pre_nms_top_k)
     idxs = np.asarray(idxs)
     keep = []
     for k in np.unique(idxs[cand]) if len(cand) else []:
@@ -173,10 +205,12 @@ def ref_efficient_nms(boxes, scores, max_output_boxes, iou_threshold, score_thre
     bsz, n, c = scores.shape
     k = max_output_boxes
     out = EfficientNMSOutput(np.zeros((bsz, 1), np.int32), np.zeros((bsz, k, 4), F32),
-                             np.zeros((bsz, k), F32), np.zeros((bsz, k), np.int32))
+                             np.zeros((bsz, k), F32), np.zeros((bsz, k), np.int32),
+                             np.zeros((bsz, 1), np.int32))
     for b in range(bsz):
         flat = scores[b].reshape(-1)
         cand = [e for e in range(n * c) if flat[e] >= F32(score_threshold)]
+        out.candidates_cut[b, 0] = max(len(cand) - pre_nms_top_k, 0)
         cand = by_score(flat, cand)[:pre_nms_top_k]
         raw = np.stack([boxes[b, e // c] if boxes.ndim == 3 else boxes[b, e // c, e % c]
                         for e in range(n * c)]) if n * c else np.zeros((0, 4), F32)

@@ -54,15 +54,19 @@ inline int64_t parts_for(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain) {
 }
 
 // body(p) for every p in [0, parts), on the calling thread and the pool; returns when all
-// have run. Throws std::bad_alloc if a part did.
+// have run. Throws std::bad_alloc if a part did. `helpers` (default: parts - 1) caps the
+// pool tasks scheduled: each claims parts until none is left, so fewer tasks than parts
+// still run every part, and many small parts need not wake a task each.
 template <typename Body>
-void run_parts(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body) {
-  if (parts <= 1) {
-    if (parts == 1) body(int64_t{0});
+void run_parts(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body,
+               int64_t helpers = -1) {
+  helpers = helpers < 0 ? parts - 1 : std::min(helpers, parts - 1);
+  if (parts <= 1 || helpers <= 0) {
+    for (int64_t p = 0; p < parts; ++p) body(p);
     return;
   }
   auto state = std::make_shared<ParallelState>();
-  for (int64_t t = 1; t < parts; ++t)
+  for (int64_t t = 0; t < helpers; ++t)
     pool.Schedule([state, parts, b = &body] { claim_parts(*state, parts, b); });
   claim_parts(*state, parts, &body);
   std::unique_lock<std::mutex> lock(state->mu);

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.capacity.policy import KEEP, next_capacity, settle, warn_once
-from jaxops.core.errors import CapacityOverflowError, OpArgumentError
+from jaxops.core.errors import OpArgumentError, RouteOverflowError
 from jaxops.ops.hashtable.route import LocalRouter, RouteInfo
 from jaxops.ops.hashtable.table import HashTable
 
@@ -282,9 +282,7 @@ def run_routed(op: str, placement: Placement, attempt: Callable[[int], Any],
     def remedy(capacity: int, info: RouteInfo):
         needed, lost = int(info.needed), int(info.lost)
         if overflow == "error":
-            raise CapacityOverflowError(op, capacity, needed, f"{lost} keys were not routed to "
-                                        "their shard. Pass a larger route_capacity, or "
-                                        "overflow='expand'.", lost=lost)
+            raise RouteOverflowError(op, capacity, needed, lost)
         if overflow == "truncate":
             warn_once(f"{op}: {lost} keys did not fit route_capacity={capacity} (needed "
                       f"{needed}); they were not served (info.route.served).")

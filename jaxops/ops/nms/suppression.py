@@ -1,8 +1,10 @@
-"""Non-maximum suppression: ONNX NonMaxSuppression, torchvision-style ``nms`` / ``batched_nms``.
+"""ONNX NonMaxSuppression (opset 11), with a per-image cap and a candidate capacity.
 
-All of them run the one tiled greedy algorithm of :mod:`jaxops.ops.nms.tiled` on the box
-decoding and overlap test of :mod:`jaxops.ops.nms.iou`; TensorRT-style ``efficient_nms`` lives
-in :mod:`jaxops.ops.nms.efficient_nms`.
+Every NMS operator runs the one xla pipeline of :mod:`jaxops.ops.nms.pipeline` (score filter
+and candidate cut, then the blocked IoU bitmask of :mod:`jaxops.ops.nms.bitmask`) on the
+box decoding and overlap test of :mod:`jaxops.ops.nms.iou`; torchvision-style ``nms`` /
+``batched_nms`` live in :mod:`jaxops.ops.nms.batched`, TensorRT-style ``efficient_nms`` in
+:mod:`jaxops.ops.nms.efficient_nms`.
 
 Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the tests):
 
@@ -21,18 +23,22 @@ Semantics shared by the family (ONNX Runtime's CPU kernel is the oracle of the t
   its score alone, like any box. That is what ONNX Runtime's ``SuppressByIOU`` and
   torchvision's CPU ``nms`` compute: such a box's IoU with any box is NaN (NaN area, or
   ``inf - inf`` in the union) or 0 (an infinite union), never above a threshold in
-  ``[0, 1]``; :func:`~jaxops.ops.nms.iou.suppresses` reproduces their float operations.
+  ``[0, 1]``; :func:`~jaxops.ops.nms.iou.suppresses` reproduces their float operations;
+- **thresholds** may be Python floats (compile-time constants, checked) or float JAX
+  scalars, traced or not (operands: a jitted caller compiles once for every value; a
+  traced value is not range-checked: an IoU threshold above 1 suppresses nothing);
+- **capacities cut by score**: ``pre_nms_top_k`` keeps an image's best candidates (score,
+  then lower element), never the first by index; the output's ``true_shape`` then bounds
+  what the cut candidates could have added (see :func:`non_max_suppression`).
 
 Precision modes (``impl_mode=`` or :func:`jaxops.impl_mode`); both compute the IoU as
 ``inter / union`` in float32 exactly as ONNX Runtime does. ``high_precision`` (the default)
-ranks the candidates by their exact scores. ``high_performance`` sorts once instead of
-twice and ranks on the leading bits of the float32 scores only: scores whose bit patterns
-agree except in the low ``b = ceil(log2 N)`` bits (for 5000 boxes, 13 of the 23 mantissa
-bits) are ranked by box index — for non-negative scores exactly the high-precision result
-on the scores with those bits cleared — which can change which of two overlapping boxes
-survives. It measured ~4% faster on the CPU (the sort is a small part of the work);
-float64 scores and more than 2**15 boxes are always ranked exactly. Also measured and
-dropped: a division-free test ``inter > t * union`` (no faster on the CPU).
+ranks the candidates by their exact scores. ``high_performance`` ranks on the leading bits
+of the float32 scores only: scores whose bit patterns agree except in the low
+``b = ceil(log2 N)`` bits (for 5000 boxes, 13 of the 23 mantissa bits) are ranked by box
+index — for non-negative scores exactly the high-precision result on the scores with those
+bits cleared — which can change which of two overlapping boxes survives. Float64 scores and
+more than 2**15 boxes are always ranked exactly.
 """
 
 from __future__ import annotations
@@ -45,30 +51,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.capacity import run_with_policy
-from jaxops.core.dtypes import FLOATING, INDEX, INTEGER
+from jaxops.core.dtypes import FLOATING, INDEX
 from jaxops.core.dynarray import DynArray
-from jaxops.core.errors import OpArgumentError, OpDTypeError
-from jaxops.core.float_bits import largest_at_most, ordered_bits
+from jaxops.core.float_bits import ordered_bits
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
-from jaxops.core.narrowing import check_fits
 from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
-from jaxops.ops._conventions import (INDEX_FILL, IOU_THRESHOLD, NMS_MODES, SCORE_THRESHOLD,
-                                     check_shape, index_datatype, index_dtype)
+from jaxops.ops._conventions import (INDEX_FILL, MAX_DETECTIONS, NMS_INDEX_OUTPUT, PRE_NMS_TOP_K,
+                                     SCORE_THRESHOLD, check_shape, index_dtype,
+                                     iou_threshold_attr, with_upstream_loss)
 from jaxops.ops.compaction import compact_indices
+from jaxops.ops.nms.candidates import score_candidates
 from jaxops.ops.nms.iou import decode_boxes
-from jaxops.ops.nms.tiled import score_candidates, sorted_nms
+from jaxops.ops.nms.pipeline import (detect, priority_keys, tracks_true_shape, valid_candidates,
+                                     warn_if_cut)
 
-__all__ = [
-    "BATCHED_NMS", "NON_MAX_SUPPRESSION", "batched_nms", "nms", "non_max_suppression",
-]
+__all__ = ["NON_MAX_SUPPRESSION", "non_max_suppression"]
 
-# Every NMS operator with a DynArray of indices as its output declares these.
-_INDEX_OUTPUT = dict(infer_dtype=lambda ctx: [index_datatype()],
-                     impl_modes=NMS_MODES, data_dependent=True, fill_values=[INDEX_FILL])
-
-
-# -- NonMaxSuppression (ONNX opset 11) ------------------------------------------------------
 
 def _onnx_shapes(boxes_shape: tuple, scores_shape: tuple) -> tuple[int, int, int]:
     op = "NonMaxSuppression"
@@ -81,16 +80,19 @@ def _onnx_shapes(boxes_shape: tuple, scores_shape: tuple) -> tuple[int, int, int
     return b, scores_shape[1], n
 
 
-def _onnx_capacity(b: int, c: int, n: int, max_output: int, size: int | None) -> tuple[int, int]:
-    """Per-class limit and output rows (``size`` or the theoretical maximum)."""
+def _onnx_capacity(b: int, c: int, n: int, max_output: int, max_detections: int | None,
+                   size: int | None) -> tuple[int, int, int]:
+    """Per-class limit, per-image limit and output rows (``size`` or the maximum)."""
     per_class = min(n, max_output)
-    return per_class, b * c * per_class if size is None else size
+    per_image = c * per_class if max_detections is None else min(c * per_class, max_detections)
+    return per_class, per_image, b * per_image if size is None else size
 
 
 def _onnx_infer_shape(ctx) -> list[tuple[int, ...]]:
     b, c, n = _onnx_shapes(ctx.inputs[0].shape, ctx.inputs[1].shape)
-    return [(_onnx_capacity(b, c, n, ctx.attrs["max_output_boxes_per_class"],
-                            ctx.attrs["size"])[1], 3)]
+    a = ctx.attrs
+    return [(_onnx_capacity(b, c, n, a["max_output_boxes_per_class"], a["max_detections"],
+                            a["size"])[2], 3)]
 
 
 NON_MAX_SUPPRESSION = register_op(OpDef(
@@ -101,55 +103,55 @@ NON_MAX_SUPPRESSION = register_op(OpDef(
         AttrDef("max_output_boxes_per_class", "int", 0, check=lambda k: k >= 0,
                 expected="an int >= 0 (0 selects nothing, as in ONNX; ONNX Runtime also treats "
                          "negative values as 0 — pass 0 for that, or the box count for no limit)"),
-        IOU_THRESHOLD,
+        iou_threshold_attr("as ONNX Runtime requires"),
         SCORE_THRESHOLD,
         AttrDef("center_point_box", "int", 0, choices=(0, 1)),
         AttrDef("size", "int", None, optional=True, check=lambda s: s >= 0,
                 expected="an int >= 0 or None (output capacity in rows)"),
+        MAX_DETECTIONS,
+        PRE_NMS_TOP_K,
     ],
     infer_shape=_onnx_infer_shape,
-    **_INDEX_OUTPUT,
+    **NMS_INDEX_OUTPUT,
     doc="ONNX NonMaxSuppression (opset 11): [batch, class, box] rows of the selected boxes",
 ))
 
 
-def _per_problem(fn, *args):
-    """``vmap`` over the leading axis, or a plain call when it has length 1 (keeps the
-    tile loop's dynamic slices slices instead of gathers)."""
-    if jax.tree_util.tree_leaves(args)[0].shape[0] == 1:
-        first = jax.tree_util.tree_map(lambda x: x[0], args)
-        return jax.tree_util.tree_map(lambda x: x[None], fn(*first))
-    return jax.vmap(fn)(*args)
-
-
 def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, score_threshold,
-                 center_point_box, size, exact_ranking=True):
+                 center_point_box, size, max_detections, pre_nms_top_k, exact_ranking=True):
     b, c, n = _onnx_shapes(boxes.shape, scores.shape)
-    per_class, rows = _onnx_capacity(b, c, n, max_output_boxes_per_class, size)
+    per_class, per_image, rows = _onnx_capacity(b, c, n, max_output_boxes_per_class,
+                                                max_detections, size)
+    track = tracks_true_shape(size, pre_nms_top_k, c * n)
     itype = index_dtype()
-    if b * c * per_class == 0 or rows == 0:
-        empty = jnp.full((rows, 3), -1, itype)
-        return (_rows_dynarray(empty, jnp.zeros((), jnp.int32), rows, size),)
+    if rows == 0 or per_image == 0:
+        zero = jnp.zeros((), jnp.int32)
+        return (_rows_dynarray(jnp.full((rows, 3), -1, itype), zero, zero, rows, track),)
 
     dtype = compute_dtype(boxes.dtype, scores.dtype)
     decoded = decode_boxes(boxes, center=center_point_box == 1, reorder=center_point_box == 0,
                            dtype=dtype)                                  # fields [B, N]
-    scores = scores.astype(dtype)
-    valid = score_candidates(scores, score_threshold)
-    per_box = decoded.map(lambda f: jnp.broadcast_to(f[:, None], (b, c, n)).reshape(b * c, n))
-    solve = functools.partial(sorted_nms, iou_threshold=iou_threshold, max_output=per_class,
-                              exact_ranking=exact_ranking)
-    order, keep = _per_problem(solve, per_box, scores.reshape(b * c, n), valid.reshape(b * c, n))
-    keep = keep.reshape(-1)
-    total = jnp.sum(keep, dtype=jnp.int32)
-    if rows < b * c * per_class:  # a capacity below the maximum: overflow keeps the best
-        ranked = jnp.take_along_axis(scores.reshape(b * c, n), order, axis=1).reshape(-1)
-        keep = _keep_top_scoring(keep, ranked, rows, total)
-    # Kept ranks in problem-major order are exactly the output rows, in order.
-    flat, _ = compact_indices(keep, size=rows, fill_value=0)
-    problem = flat // n
-    out = jnp.stack([problem // c, problem % c, order.reshape(-1)[flat]], axis=1).astype(itype)
-    return (_rows_dynarray(out, total, rows, size),)
+    flat_scores = scores.astype(dtype).reshape(b, c * n)                 # element c * N + n
+    det = detect(lambda f: decoded.map(lambda x: jnp.take_along_axis(x, f % n, axis=1)),
+                 priority_keys(flat_scores, n, exact_ranking),
+                 score_candidates(flat_scores, score_threshold), lambda f: f // n,
+                 capacity=c * n if pre_nms_top_k is None else pre_nms_top_k,
+                 iou_threshold=iou_threshold, group_bound=c, per_group=per_class,
+                 total=None if per_image == c * per_class else per_image)
+    kept, flat = det.kept_by_group(), det.flat_by_group()  # class, then score: ONNX's order
+    found = jnp.sum(kept, axis=1, dtype=jnp.int32)                        # [B] <= per_image
+    pos, _ = jax.vmap(lambda k: compact_indices(k, per_image, fill_value=0))(kept)
+    element = jnp.take_along_axis(flat, pos, axis=1)                     # [B, per_image]
+    image = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], element.shape)
+    candidates = jnp.stack([image, element // n, element % n], axis=-1).reshape(-1, 3)
+    valid = (jnp.arange(per_image) < found[:, None]).reshape(-1)
+    total = jnp.sum(found)
+    if rows < b * per_image:  # a capacity below the maximum: overflow keeps the best
+        ranked = jnp.take_along_axis(flat_scores, element, axis=1).reshape(-1)
+        valid = _keep_top_scoring(valid, ranked, rows, total)
+    idx, _ = compact_indices(valid, size=rows, fill_value=0)
+    bound = jnp.sum(jnp.minimum(found + det.cut, per_image))  # what cut candidates could add
+    return (_rows_dynarray(candidates[idx].astype(itype), total, bound, rows, track),)
 
 
 def _keep_top_scoring(keep: jax.Array, ranked_scores: jax.Array, rows: int,
@@ -169,11 +171,13 @@ def _keep_top_scoring(keep: jax.Array, ranked_scores: jax.Array, rows: int,
     return jax.lax.cond(total > rows, restrict, lambda k: k, keep)
 
 
-def _rows_dynarray(out, total, rows: int, size: int | None) -> DynArray:
+def _rows_dynarray(out, total, bound, rows: int, track: bool) -> DynArray:
+    """Rows ``[rows, 3]``, the first ``min(total, rows)`` valid; the true shape (when
+    tracked) counts ``max(total, bound)`` rows."""
     actual = jnp.minimum(total, rows)
     out = jnp.where((jnp.arange(rows) < actual)[:, None], out, jnp.asarray(-1, out.dtype))
     three = jnp.int32(3)
-    true_shape = None if size is None else jnp.stack([total, three])
+    true_shape = jnp.stack([jnp.maximum(total, bound), three]) if track else None
     return DynArray(out, jnp.stack([actual, three]), true_shape=true_shape, fill_value=INDEX_FILL)
 
 
@@ -183,8 +187,10 @@ NON_MAX_SUPPRESSION.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
 
 
 def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_per_class: int = 0,
-                        iou_threshold: float = 0.0, score_threshold: float | None = None, *,
-                        center_point_box: int = 0, size: int | None = None,
+                        iou_threshold: float | jax.Array = 0.0,
+                        score_threshold: float | jax.Array | None = None, *,
+                        center_point_box: int = 0, max_detections: int | None = None,
+                        pre_nms_top_k: int | None = None, size: int | None = None,
                         overflow: str = "truncate", record: bool | str = False,
                         impl_mode: str | OpImplMode | None = None,
                         backend: str | None = None) -> DynArray:
@@ -193,19 +199,35 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
     Args:
       boxes: ``[num_batches, N, 4]`` float; ``[y1, x1, y2, x2]`` (any diagonal corner pair),
         or ``[x_center, y_center, width, height]`` with ``center_point_box=1``.
-      scores: ``[num_batches, num_classes, N]`` float.
+      scores: ``[num_batches, num_classes, N]`` float (a YOLOv8 head's layout). Either may
+        be a :class:`DynArray`: only boxes and scores in its valid region are candidates,
+        and the candidates it lost upstream count in the result's ``true_shape`` (an upper
+        bound then), so ``overflowed()`` reports them.
       max_output_boxes_per_class: most boxes kept per batch and class; **0 selects nothing**
         (the ONNX default; ONNX Runtime agrees).
       iou_threshold: in ``[0, 1]``; a box is suppressed when its IoU with a kept box of the
         same batch and class is strictly greater. A box with a NaN or infinite coordinate
         neither suppresses nor is suppressed, and a NaN score is never selected (as ONNX
-        Runtime; see the module docstring).
-      score_threshold: when given, only scores strictly greater are candidates.
+        Runtime; see the module docstring). A float JAX scalar (traced or not) is an
+        operand: one compile serves every value.
+      score_threshold: when given, only scores strictly greater are candidates (a float, a
+        float JAX scalar, or ``None``).
       center_point_box: 0 (corners) or 1 (centre and size).
-      size: capacity in rows; ``None`` is the maximum ``B * C * min(N, max_output_...)``. When
-        more rows are selected than fit, the ``size`` highest-scoring ones over all batches
-        and classes are kept (ties to the earlier row), still in batch, class, score order,
-        and the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
+      max_detections: the most rows per batch image over all its classes, the best by score
+        (ties to the earlier row) — torchvision's ``detections_per_img``, TensorRT's
+        ``keepTopK``; they stay in batch, class, score order. ``None``: no cap.
+      pre_nms_top_k: the most candidates (``(box, class)`` pairs passing the score filter)
+        per image; when more pass, the best by score stay (ties to the lower class, then
+        box) — a cut candidate scores below every kept one, so it can only be missing from
+        the end of the result. Then ``true_shape`` counts, per image, the rows found plus
+        the candidates cut (at most the image's limit), and ``overflowed()`` says whether
+        anything may be missing. ``None``: every candidate (exact; the xla kernel's time
+        grows with this capacity, the native kernel's does not).
+      size: capacity in rows; ``None`` is the maximum, ``num_batches`` times the per-image
+        limit (``max_detections``, else ``num_classes * min(N, max_output_...)``). When more
+        rows are selected than fit, the ``size`` highest-scoring ones over all batches and
+        classes are kept (ties to the earlier row), still in batch, class, score order, and
+        the rest is reported as lost (``true_shape``, :meth:`DynArray.overflowed`), also
         inside jit.
       overflow: what an eager call does when the rows exceed ``size``
         (:mod:`jaxops.capacity.policy`): ``"truncate"`` (default: keep the best, warn once per
@@ -215,7 +237,7 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
         (``True``: under the operator and input shapes; a string: under that call-site
         name), on the host or, inside jit, through an unordered ``io_callback``.
       impl_mode: ``"high_precision"`` (default) or ``"high_performance"``.
-      backend: ``"xla"``, ``"host"`` or ``"ascend"`` (default: automatic).
+      backend: ``"xla"``, ``"native"``, ``"host"`` or ``"ascend"`` (default: automatic).
 
     Returns:
       A :class:`DynArray` of max shape ``[size, 3]``, actual shape ``[M, 3]``: rows
@@ -223,169 +245,41 @@ def non_max_suppression(boxes: jax.Array, scores: jax.Array, max_output_boxes_pe
       lower box index), padded with ``-1`` rows. int64 with ``jax_enable_x64``, else int32.
 
     Examples:
-      >>> import jax.numpy as jnp, jaxops
+      >>> import jax, jax.numpy as jnp, jaxops
       >>> boxes = jnp.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 2, 1, 3.]]])
       >>> scores = jnp.array([[[0.9, 0.8, 0.7]]])
       >>> jaxops.refresh(jaxops.non_max_suppression(boxes, scores, 3, 0.5)).tolist()
       [[0, 0, 0], [0, 0, 2]]
+      >>> f = jax.jit(lambda t: jaxops.non_max_suppression(boxes, scores, 3, t,
+      ...                                                  max_detections=1))
+      >>> jaxops.refresh(f(jnp.float32(0.95))).tolist()   # traced threshold, capped at 1
+      [[0, 0, 0]]
     """
+    b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
+    limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
+                                                     (int, np.integer)) else n
+    cap = max_detections if isinstance(max_detections, (int, np.integer)) else None
+    # what boxes lost upstream could add: up to the limits, not to this buffer's N
+    scores, boxes, _, lost = valid_candidates("NonMaxSuppression", scores, boxes, per_box=c)
+
     def run(capacity: int | None, rerun_backend: str | None) -> DynArray:
-        return NON_MAX_SUPPRESSION(
+        out = NON_MAX_SUPPRESSION(
             boxes, scores, max_output_boxes_per_class=max_output_boxes_per_class,
             iou_threshold=iou_threshold, score_threshold=score_threshold,
-            center_point_box=center_point_box, size=capacity, impl_mode=impl_mode,
+            center_point_box=center_point_box, size=capacity, max_detections=max_detections,
+            pre_nms_top_k=pre_nms_top_k, impl_mode=impl_mode,
             backend=rerun_backend or backend)[0]
+        return with_upstream_loss(out, lost, 0, limit=b * (c * limit if cap is None else cap))
 
-    b, c, n = _onnx_shapes(np.shape(boxes), np.shape(scores))
     if isinstance(max_output_boxes_per_class, (int, np.integer)) and \
             max_output_boxes_per_class == 0 and b * c * n:
         # ONNX's default, kept for conformance; a silent empty result surprises users.
         warnings.warn("NonMaxSuppression: max_output_boxes_per_class is 0 (ONNX's default), so "
                       "no box is selected; pass the number of boxes to keep per class.",
                       UserWarning, stacklevel=2)
-    limit = max_output_boxes_per_class if isinstance(max_output_boxes_per_class,
-                                                     (int, np.integer)) else n
-    return run_with_policy(run, op="NonMaxSuppression", size=size,
-                           theoretical_max=_onnx_capacity(b, c, n, limit, None)[1],
-                           policy=overflow, record=record,
-                           input_shapes=[np.shape(boxes), np.shape(scores)])
-
-
-def nms(boxes: jax.Array, scores: jax.Array, iou_threshold: float, *,
-        max_output_size: int | None = None, score_threshold: float | None = None,
-        impl_mode: str | OpImplMode | None = None, backend: str | None = None) -> DynArray:
-    """torchvision-compatible single-class NMS.
-
-    Args:
-      boxes: ``[N, 4]`` float ``[x1, y1, x2, y2]`` (flipped corners are accepted and
-        reordered, where torchvision would compute negative areas).
-      scores: ``[N]`` float.
-      iou_threshold: in ``[0, 1]``; suppress boxes with IoU strictly greater.
-      max_output_size: keep at most this many (the first ones by score, as TensorFlow's
-        ``max_output_size``); ``None`` keeps all. It is a selection limit, not a capacity.
-      score_threshold: only scores strictly greater are candidates (``None``: all).
-      impl_mode, backend: see :func:`non_max_suppression`.
-
-    Returns:
-      DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score, padded
-      with -1. Differences from torchvision: NaN scores are never kept (torchvision sorts
-      them first); thresholds outside ``[0, 1]`` raise; indices are int32 unless x64 is on.
-      As in torchvision, a box with a NaN or infinite coordinate neither suppresses nor is
-      suppressed (see the module docstring).
-
-    Examples:
-      >>> import jax.numpy as jnp, jaxops
-      >>> boxes = jnp.array([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]])
-      >>> jaxops.refresh(jaxops.nms(boxes, jnp.array([0.5, 0.9, 0.7]), 0.5)).tolist()
-      [1, 2]
-    """
-    _single_class_shapes("nms", boxes, scores)
-    n = np.shape(boxes)[0]
-    check_fits("nms", "boxes", boxes)  # before jnp.asarray narrows them
-    check_fits("nms", "scores", scores)
-    boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
-    for arg, x in (("boxes", boxes), ("scores", scores)):  # named here, not NonMaxSuppression
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise OpDTypeError("nms", arg, "a float array (as torchvision's nms)", str(x.dtype),
-                               "Pass float coordinates, e.g. [[0., 0., 1., 1.]].")
-    rows = non_max_suppression(
-        boxes[None], scores[None, None],
-        n if max_output_size is None else _limit("nms", max_output_size),
-        _torchvision_threshold(iou_threshold, compute_dtype(boxes.dtype, scores.dtype)),
-        score_threshold, impl_mode=impl_mode, backend=backend)
-    return DynArray(rows.data[:, 2], rows.actual_shape[:1], fill_value=INDEX_FILL)
-
-
-def _torchvision_threshold(t, dtype):
-    """torchvision compares its float IoU with a double threshold: in ``dtype`` that is
-    ``IoU > largest_at_most(t)`` (at IoU 0.6f, ``0.6f > 0.6`` holds in double)."""
-    ok = isinstance(t, (int, float, np.floating, np.integer)) and not isinstance(t, bool)
-    return largest_at_most(float(t), dtype) if ok and np.isfinite(t) else t
-
-
-def _limit(op: str, value) -> int:
-    """``max_output_size`` checked under its own name (it becomes NonMaxSuppression's
-    ``max_output_boxes_per_class``, whose error would confuse an ``nms`` caller)."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-        raise OpArgumentError(op, "max_output_size", "an int >= 0 or None", repr(value))
-    return int(value)
-
-
-def _single_class_shapes(op: str, boxes, scores, idxs=None) -> None:
-    bs, ss = tuple(np.shape(boxes)), tuple(np.shape(scores))
-    check_shape(op, "boxes", bs, "[N, 4]", len(bs) == 2 and bs[1] == 4)
-    check_shape(op, "scores", ss, f"[N={bs[0]}] (one score per box)", ss == bs[:1])
-    if idxs is not None:
-        ids = tuple(np.shape(idxs))
-        check_shape(op, "idxs", ids, f"[N={bs[0]}] (one class id per box)", ids == bs[:1])
-
-
-# -- batched_nms (torchvision semantics: independent NMS per class id) ---------------------
-
-def _batched_infer_shape(ctx) -> list[tuple[int, ...]]:
-    n = ctx.inputs[0].shape[0]
-    limit = ctx.attrs["max_output_size"]
-    return [(n if limit is None else min(n, limit),)]
-
-
-BATCHED_NMS = register_op(OpDef(
-    name="BatchedNMS",
-    inputs=[Input("boxes", FLOATING), Input("scores", FLOATING), Input("idxs", INTEGER)],
-    outputs=[Output("keep", INDEX)],
-    attrs=[IOU_THRESHOLD,
-           AttrDef("max_output_size", "int", None, optional=True, check=lambda k: k >= 0,
-                   expected="an int >= 0 or None"),
-           SCORE_THRESHOLD],
-    infer_shape=_batched_infer_shape,
-    **_INDEX_OUTPUT,
-    doc="torchvision batched_nms: NMS independently per class id, kept indices by score",
-))
-
-
-def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, score_threshold,
-                    exact_ranking=True):
-    _single_class_shapes("BatchedNMS", boxes, scores, idxs)
-    n = boxes.shape[0]
-    limit = n if max_output_size is None else min(n, max_output_size)
-    dtype = compute_dtype(boxes.dtype, scores.dtype)
-    scores = scores.astype(dtype)
-    order, keep = sorted_nms(decode_boxes(boxes, dtype=dtype), scores,
-                             score_candidates(scores, score_threshold),
-                             _torchvision_threshold(iou_threshold, dtype), limit,
-                             groups=idxs, exact_ranking=exact_ranking)
-    ranks, count = compact_indices(keep, size=limit, fill_value=0)
-    kept = jnp.where(jnp.arange(limit) < count, order[ranks] if limit else ranks, -1)
-    return (DynArray(kept.astype(index_dtype()), count.reshape(1), fill_value=INDEX_FILL),)
-
-
-BATCHED_NMS.kernel("xla")(_batched_kernel)
-BATCHED_NMS.kernel("xla", modes=OpImplMode.HIGH_PERFORMANCE)(
-    functools.partial(_batched_kernel, exact_ranking=False))
-
-
-def batched_nms(boxes: jax.Array, scores: jax.Array, idxs: jax.Array, iou_threshold: float, *,
-                max_output_size: int | None = None, score_threshold: float | None = None,
-                impl_mode: str | OpImplMode | None = None, backend: str | None = None) -> DynArray:
-    """torchvision-compatible ``batched_nms``: NMS independently within each class id.
-
-    Args:
-      boxes, scores, iou_threshold, max_output_size, score_threshold, impl_mode, backend: as
-        :func:`nms` (``max_output_size`` limits the total over all classes).
-      idxs: ``[N]`` integer class id of each box; boxes of different ids never suppress
-        each other.
-
-    Returns:
-      DynArray ``[min(N, max_output_size)]`` of kept indices by decreasing score over all
-      classes (ties to the lower index), padded with -1.
-
-    Examples:
-      >>> import jax.numpy as jnp, jaxops
-      >>> boxes = jnp.array([[0, 0, 10, 10], [1, 1, 11, 11], [1, 1, 11, 11.]])
-      >>> kept = jaxops.batched_nms(boxes, jnp.array([0.9, 0.8, 0.7]), jnp.array([0, 0, 1]), 0.5)
-      >>> jaxops.refresh(kept).tolist()
-      [0, 2]
-    """
-    _single_class_shapes("batched_nms", boxes, scores, idxs)
-    return BATCHED_NMS(boxes, scores, idxs, iou_threshold=iou_threshold,
-                       max_output_size=max_output_size, score_threshold=score_threshold,
-                       impl_mode=impl_mode, backend=backend)[0]
+    result = run_with_policy(run, op="NonMaxSuppression", size=size,
+                             theoretical_max=_onnx_capacity(b, c, n, limit, cap, None)[2],
+                             policy=overflow, record=record,
+                             input_shapes=[np.shape(boxes), np.shape(scores)])
+    warn_if_cut(result, "NonMaxSuppression", size)
+    return result

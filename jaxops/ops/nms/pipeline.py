@@ -1,0 +1,191 @@
+"""The xla NMS of one image, start to end: candidates, orders, bitmask, limits.
+
+:func:`detect` is what the NMS operators' xla kernels run, each with its own scores layout,
+box decoding, groups and limits (see :mod:`.candidates` for the steps and
+:mod:`.bitmask` for the suppression). Everything is data-parallel over the images
+(``P``) and the candidates, except the bitmask's walk over 64-candidate blocks.
+
+>>> import jax.numpy as jnp
+>>> from jaxops.ops.nms.iou import decode_boxes
+>>> boxes = decode_boxes(jnp.array([[[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]]]))
+>>> scores = jnp.array([[0.9, 0.8, 0.7]])
+>>> d = detect(lambda f: boxes.map(lambda x: jnp.take_along_axis(x, f, 1)),
+...            priority_keys(scores), scores > 0, lambda f: f * 0, capacity=3,
+...            iou_threshold=0.5)
+>>> d.flat.tolist(), d.kept.tolist()     # by priority: boxes 0 and 2 kept
+([[0, 1, 2]], [[True, False, True]])
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxops.capacity.policy import warn_once
+from jaxops.core.dynarray import DynArray
+from jaxops.ops._conventions import read_input
+from jaxops.ops.nms.bitmask import bitmask_nms
+from jaxops.ops.nms.candidates import (apply_limits, group_order, orders, priority_keys,
+                                       select)
+from jaxops.ops.nms.iou import Boxes
+
+__all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "valid_candidates",
+           "warn_if_cut"]
+
+
+class Detections(NamedTuple):
+    """NMS of ``P`` images over ``K`` candidate slots each, by priority (rank ``r``):
+
+    - ``flat[p, r]``: the element of rank ``r`` (meaningless where not ``kept``);
+    - ``kept[p, r]``: kept, within the limits;
+    - ``by_group[p, s]``: the rank at position ``s`` of the group-major order (ONNX's
+      output order: class, then score);
+    - ``count``, ``cut`` (``[P]`` int32): candidates that passed the score filter, and
+      those the capacity cut (the lowest by priority).
+    """
+
+    flat: jax.Array
+    kept: jax.Array
+    by_group: jax.Array
+    count: jax.Array
+    cut: jax.Array
+
+    def kept_by_group(self) -> jax.Array:
+        """``kept`` in group-major order."""
+        return jnp.take_along_axis(self.kept, self.by_group, axis=1)
+
+    def flat_by_group(self) -> jax.Array:
+        """``flat`` in group-major order."""
+        return jnp.take_along_axis(self.flat, self.by_group, axis=1)
+
+
+#: The first pass walks the best FIRST_PASS x (the result's size) candidates (see detect).
+FIRST_PASS = 4
+
+
+def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax.Array,
+           groups_of: Callable[[jax.Array], jax.Array], *, capacity: int, iou_threshold,
+           inclusive: bool = False, group_bound: int | None = None,
+           per_group: int | None = None, total: int | None = None) -> Detections:
+    """Greedy NMS per image over its scored elements.
+
+    When the result is limited (``total``, or ``per_group`` over ``group_bound`` groups) to
+    far fewer than the ``capacity`` candidates, a first pass walks only the best
+    ``FIRST_PASS`` times that many. Its result is the full walk's whenever it can prove it:
+    every candidate fitted, or it kept ``total`` already, or every group either reached
+    ``per_group`` or had all its candidates in the pass (a candidate's fate depends only on
+    the better candidates of its group). Else the full walk runs (``lax.cond``; under
+    ``vmap`` both run).
+
+    Args:
+      boxes_of: element indices ``[P, K]`` -> their decoded boxes (fields ``[P, K]``).
+      keys: ``[P, M]`` priority keys (:func:`priority_keys`), larger first, ties to the
+        lower element.
+      passing: ``[P, M]`` bool, the elements that passed the score filter.
+      groups_of: element indices -> int group (class) of each; a box suppresses boxes of
+        its own group only.
+      capacity: ``K``, the most candidates per image (the best by priority are kept).
+      iou_threshold: a float or traced scalar; ``inclusive``: TensorRT's ``IoU >= t``.
+      group_bound: a static ``G`` with ``0 <= group < G`` when known (a faster sort).
+      per_group: the most kept per group (``None``: no limit).
+      total: the most kept per image, the best by priority (``None``: no limit).
+    """
+    k = min(capacity, keys.shape[1])
+    cands = select(keys, passing, k)
+    groups = groups_of(cands.flat).astype(jnp.int32)
+    order = orders(jnp.take_along_axis(keys, cands.flat, axis=1), cands, groups, group_bound)
+    invalid = jnp.iinfo(jnp.int32).max
+
+    def walk(by_priority, by_group):
+        """NMS of the slots ``by_priority`` (the best R, best first); ``by_group``: their
+        ranks in group-major order."""
+        slot_g = jnp.take_along_axis(by_priority, by_group, axis=1)  # group-major
+        valid_g = jnp.take_along_axis(cands.valid, slot_g, axis=1)
+        groups_g = jnp.where(valid_g, jnp.take_along_axis(groups, slot_g, axis=1), invalid)
+        kept_g = bitmask_nms(boxes_of(jnp.take_along_axis(cands.flat, slot_g, axis=1)),
+                             valid_g, groups_g, iou_threshold, inclusive=inclusive)
+        kept = apply_limits(kept_g, groups_g, by_group, per_group, total)
+        flat = jnp.take_along_axis(cands.flat, by_priority, axis=1)
+        return Detections(flat, kept, by_group, cands.count, cands.cut)
+
+    need = total if total is not None else \
+        None if per_group is None or group_bound is None else per_group * group_bound
+    first = None if need is None else -(-max(FIRST_PASS * need, 256) // 64) * 64
+    if first is None or first >= k:
+        return walk(order.by_priority, order.by_group)
+
+    best = order.by_priority[:, :first]
+    best_valid = jnp.take_along_axis(cands.valid, best, axis=1)
+    best_groups = jnp.where(best_valid, jnp.take_along_axis(groups, best, axis=1), invalid)
+    small = walk(best, group_order(best_groups, group_bound))
+    seen = jnp.sum(best_valid, axis=1) == jnp.sum(cands.valid, axis=1)
+    proven = seen | (jnp.sum(small.kept, axis=1) >= (need if total is None else total))
+    if total is None:  # per group: full, or all its candidates seen
+        rows = jnp.arange(keys.shape[0])[:, None]
+
+        def per(g, where):
+            return jnp.zeros((keys.shape[0], group_bound + 1), jnp.int32).at[
+                rows, jnp.where(where, g, group_bound)].add(1)[:, :group_bound]
+        proven |= jnp.all((per(best_groups, small.kept) >= per_group)
+                          | (per(best_groups, best_valid) == per(groups, cands.valid)), axis=1)
+
+    def padded():
+        pad = ((0, 0), (0, k - first))
+        extra = jnp.broadcast_to(jnp.arange(first, k, dtype=jnp.int32), (keys.shape[0], k - first))
+        return Detections(jnp.pad(small.flat, pad), jnp.pad(small.kept, pad),
+                          jnp.concatenate([small.by_group, extra], axis=1), cands.count, cands.cut)
+    return lax.cond(jnp.all(proven), padded,
+                    lambda: walk(order.by_priority, order.by_group))
+
+
+def tracks_true_shape(size: int | None, pre_nms_top_k: int | None, elements: int) -> bool:
+    """Whether an NMS output carries a true shape: a capacity that can cut it (``size``)
+    or a candidate capacity below the ``elements`` an image has."""
+    return size is not None or (pre_nms_top_k is not None and pre_nms_top_k < elements)
+
+
+def warn_if_cut(result: DynArray, op: str, size: int | None) -> None:
+    """Eagerly, without a capacity of its own (``size``), an NMS result overflows only when
+    candidates that could have been kept were cut by ``pre_nms_top_k`` or lost upstream (an
+    overflowed DynArray input): say so once per call site."""
+    if size is None and result.true_shape is not None \
+            and not isinstance(result.data, jax.core.Tracer):
+        lost = int(np.sum(np.asarray(result.lost(axis=0))))
+        if lost:
+            warn_once(f"{op}: candidates that could have been kept were cut by pre_nms_top_k "
+                      f"or lost upstream: up to {lost} results may be missing "
+                      "(DynArray.lost(axis=0) bounds them, inside jit too). Pass a larger "
+                      "pre_nms_top_k, or a larger capacity upstream.")
+
+
+def valid_candidates(op: str, scores, boxes, per_box: int, **extra):
+    """NMS inputs of which any may be a DynArray, read in their valid regions only.
+
+    Returns ``(scores, boxes, extra, lost)``: the arrays, the scores NaN (never a
+    candidate) outside a valid region — the scores', or a box's (``boxes [..., N, 4]``, or
+    an ``extra`` input ``[N]`` such as class ids); ``lost`` (int32, or ``None`` when no input
+    overflowed) bounds the candidates lost upstream: the most any input lost — the scores'
+    lost elements, or ``per_box`` (the scores of a box) for every lost box or extra entry
+    (inputs gathered from one overflowed list lose the same rows, so the losses overlap).
+    """
+    given = read_input(op, "scores", scores)
+    rest = {"boxes": read_input(op, "boxes", boxes)} | {k: read_input(op, k, v)
+                                                         for k, v in extra.items()}
+    valid, lost = given.valid, [] if given.lost is None else [given.lost]
+    for name, r in rest.items():
+        if r.valid is not None:
+            rows = jnp.all(r.valid, axis=-1) if name == "boxes" else r.valid   # [..., N]
+            rows = rows[..., None, :] if rows.ndim < given.data.ndim else rows
+            valid = rows if valid is None else valid & rows
+        if r.lost is not None:
+            lost.append((r.lost // 4 if name == "boxes" else r.lost) * per_box)
+    data = given.data if valid is None else \
+        jnp.where(valid, given.data, jnp.asarray(jnp.nan, given.data.dtype))
+    return (data, rest["boxes"].data, {k: rest[k].data for k in extra},
+            functools.reduce(jnp.maximum, lost) if lost else None)
