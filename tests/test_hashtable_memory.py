@@ -64,15 +64,18 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_save_load_init_export_peak_memory(tmp_path):
-    # XLA's default compile settings, as users run: the suite's cheaper ones (conftest.py)
-    # leave the checksums' reduction unfused, with chunk-sized temporaries.
+    # As users run: XLA's default compile settings (the suite's cheaper ones, conftest.py,
+    # leave the checksums' reduction unfused, with chunk-sized temporaries) and no
+    # persistent compilation cache (writing and loading its entries took +25-60 MB).
     from conftest import FAST_COMPILE_FLAGS
 
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                      if f not in FAST_COMPILE_FLAGS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE",
+                                                                     "JAX_PERSISTENT_CACHE"))}
     out = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "t")],
                          capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags})
+                         env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags})
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     table = r["table"]
