@@ -7,7 +7,9 @@
 - table rows are updated by CANN's in-table AdamW (``apply_adam_w``), the MLP by optax;
 - the training loop is a jitted ``lax.scan`` over a chunk of batches;
 - after every chunk an incremental export (``export_mode="new"``) takes the rows that were
-  never exported; at the end a checkpoint is saved, loaded back and compared.
+  never exported; at the end the whole train state (table, its AdamW state, the MLP and
+  optax's state) is saved as one Orbax checkpoint, restored in place of a fresh state and
+  compared.
 
     python examples/hash_embedding_training.py
 """
@@ -112,12 +114,13 @@ def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
     print(f"gradient through ht.lookup vs per-row gradients: max |diff| = {err:.2e}")
 
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "table.ckpt")
-        ht.save(table, path)
-        restored = ht.load(path)
+        path = os.path.join(d, "state")
+        ht.save(carry, path)  # or orbax's CheckpointManager with ht.checkpoint.Save(carry)
+        restored = ht.load(path, jax.eval_shape(lambda: carry))  # the target's structure
         same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
-                   zip(jax.tree_util.tree_leaves(table), jax.tree_util.tree_leaves(restored)))
-        print(f"checkpoint {os.path.getsize(path):,} bytes; restored table identical: {same}")
+                   zip(jax.tree_util.tree_leaves(carry), jax.tree_util.tree_leaves(restored)))
+        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+        print(f"checkpoint {size:,} bytes; restored train state identical: {same}")
     return {"losses": chunk_losses, "exported": exported, "grad_error": err,
             "checkpoint_identical": same, "live": int(table.live)}
 

@@ -7,8 +7,9 @@
 - the step donates the table and the optimizer state, so XLA updates them in place;
 - each step's routing need (``info.route.needed``) goes into ``jaxops.capacity`` statistics,
   from which a ``route_capacity`` for later runs is recommended;
-- at the end the table is saved (one file per shard + a manifest) and loaded onto half the
-  devices (or the same one), and the two tables answer alike.
+- at the end the whole state (table, AdamW state, weights) is saved as one Orbax checkpoint
+  and restored onto half the devices (or the same one): keys re-owned, each with its AdamW
+  moments; the two tables answer alike.
 
     python examples/sharded_embedding.py            # 8 host devices on a CPU
     python examples/sharded_embedding.py --devices 1
@@ -74,9 +75,14 @@ def main(steps: int = 30, batch: int = 256, devices: int | None = None) -> dict:
         route.record(int(needed))
     probe = next(batches(1, batch, seed=1))[0]
     with tempfile.TemporaryDirectory() as d:
-        ht.save(table, os.path.join(d, "table"))
+        # The whole state in one checkpoint, restored onto half the devices: each key moves
+        # to its new owner shard with its AdamW moments; the target gives the placement
+        # (and the rows of free slots).
+        ht.save({"table": table, "opt": state, "w": w}, os.path.join(d, "state"))
         half = jax.sharding.Mesh(np.array(devices[:max(1, len(devices) // 2)]), ("shard",))
-        back = ht.load(os.path.join(d, "table"), mesh=half, axis="shard")
+        target = ht.init_sharded_table(16384, DIM, half, "shard", key=jax.random.key(0))
+        back = ht.load(os.path.join(d, "state"),
+                       {"table": target, "opt": ht.adam_w_init(target), "w": w})["table"]
     rows, found = ht.find(table, probe)
     rows_back, found_back = ht.find(back, probe)
     return {"shards": table.num_shards, "loaded_shards": back.num_shards,

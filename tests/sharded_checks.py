@@ -347,31 +347,61 @@ def gradients_match_dense_reference():
     np.testing.assert_allclose(np.asarray(rows).sum(), BATCH * DIM)
 
 
+def keyed(table, state) -> dict:
+    """``{key: (counter, flags, row, optimizer rows...)}`` (bytes) of the live keys of either
+    table type and its row optimizer state (the per-slot leaves, owner included)."""
+    t, get, flags, keys = _host_slots(table)
+    size = flags.size
+    rows = [get(x).reshape(size, -1) for x in [t.counter_lo, t.counter_hi, t.values] +
+            [x for x in jax.tree.leaves(state) if np.size(x) and np.size(x) % size == 0
+             and np.shape(x)[:2 if isinstance(table, ht.ShardedHashTable) else 1] ==
+             np.shape(t.flags)]]
+    live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
+    return {int(k): (int(f), *(r[s].tobytes() for r in rows))
+            for s, k, f in zip(np.flatnonzero(live), keys[live], flags[live])}
+
+
 @check
-def save_on_8_load_on_2_and_1_and_back():
+def checkpoint_on_8_restores_on_2_and_one_device_and_back():
+    """A table and its Adam state saved on 8 shards restore onto 2 shards and one device
+    (keys re-owned, each key's optimizer rows with it), onto 8, and from 2 back onto 8."""
     rng = np.random.default_rng(2)
     _, t8 = fresh_pair(8)
+    opt = ht.optim.adam(0.1)
+    s8 = opt.init(t8)
     batches = [rng.integers(0, 10**12, BATCH).astype(np.int64) for _ in range(2)]
     for keys in batches + [batches[1]]:
-        t8, _, _ = ht.lookup_or_insert(t8, keys, **COUNTER)
-    t8 = ht.evict(t8, batches[0])  # tombstones are not carried over a reshard
+        t8, _, info = ht.lookup_or_insert(t8, keys, **COUNTER)
+        t8, s8 = opt.update(t8, s8, info.slots, jnp.ones((BATCH, DIM)))
+    t8 = ht.set_load_policy(ht.evict(t8, batches[0][:8]), policy="evict", max_load_factor=0.8)
     t8, *_ = ht.export(t8, export_mode="new", size=4)  # some entries marked exported
-    want = entries(t8, live_only=True)
+    want = keyed(t8, s8)
     with tempfile.TemporaryDirectory() as d:
-        ht.save(t8, os.path.join(d, "a"))
-        ht.save(t8, os.path.join(d, "a"))  # a second save replaces the first generation
-        assert len([e for e in os.listdir(os.path.join(d, "a")) if e.startswith("g-")]) == 1
-        for m in (2, 1, 8):
-            back = ht.load(os.path.join(d, "a"), mesh=mesh_of(m), axis="shard")
-            assert back.num_shards == m and back.bucket_size == t8.bucket_size
-            same(want, entries(back, live_only=True), f"8 -> {m} shards")
-            assert int(back.live) == int(t8.live)
-            assert int(back.not_exported) == int(t8.not_exported)
+        ht.save({"t": t8, "s": s8}, os.path.join(d, "a"))
+        for m in (2, 8, None):  # None: one device
+            t = ht.init_table(t8.bucket_size, DIM, initializer_mode="constant", constant_value=0.5,
+                              placement=m and ht.MeshAxis(mesh_of(m), "shard"))
+            back = ht.load(os.path.join(d, "a"), {"t": t, "s": opt.init(t)})
+            assert back["t"].bucket_size == t8.bucket_size
+            storage = back["t"].shards if m else back["t"]
+            assert (storage.load_policy, storage.max_load_factor) == ("evict", 0.8)
+            assert keyed(back["t"], back["s"]) == want, f"8 -> {m} shards"
+            assert int(back["t"].not_exported) == int(t8.not_exported)
+            assert int(ht.words.sum_counters(back["s"].skipped)) == _shard_total(s8.skipped)
             if m == 2:
                 ht.save(back, os.path.join(d, "b"))
-        again = ht.load(os.path.join(d, "b"), mesh=mesh_of(8), axis="shard")
-        same(want, entries(again, live_only=True), "8 -> 2 -> 8 shards")
-        found = ht.find(again, np.array(list(want)[:BATCH], np.int64))[1]
+        again = ht.load(os.path.join(d, "b"), {"t": t8, "s": s8})
+        assert keyed(again["t"], again["s"]) == want, "8 -> 2 -> 8 shards"
+        # Shards in reverse order (each a valid table, its keys owned by another shard).
+        moved = t8.replace(shards=jax.tree.map(lambda x: x[::-1], t8.shards))
+        ht.save(moved, os.path.join(d, "c"))
+        try:
+            ht.load(os.path.join(d, "c"), mesh=mesh_of(8), axis="shard")
+        except ht.CheckpointError as e:
+            assert "belongs to shard" in str(e), e
+        else:
+            raise AssertionError("keys in the wrong shard were restored")
+        found = ht.find(again["t"], np.array(list(want)[:BATCH], np.int64))[1]
         assert bool(np.all(np.asarray(found)))
 
 
@@ -541,6 +571,18 @@ def a_collection_on_a_mesh_trains_as_on_one_device():
                                    err_msg=f"eval of {name}")
 
 
+def _two_processes_dir() -> str:
+    """The 2-process run's directory (the parent writes ``ok <dir>`` on stdin once both
+    processes ended, or ``failed``); read once."""
+    if not hasattr(_two_processes_dir, "where"):
+        status, _, where = sys.stdin.readline().strip().partition(" ")
+        _two_processes_dir.where = where if status == "ok" else None
+    if _two_processes_dir.where is None:
+        raise AssertionError("the two processes did not finish (their output is in the "
+                             "parent test's report)")
+    return _two_processes_dir.where
+
+
 @check
 def the_training_recipe_on_8_devices_equals_one_device():
     # examples/training_recipe.py: a jitted, donated step with maintain between steps; the
@@ -559,23 +601,45 @@ def the_training_recipe_on_8_devices_equals_one_device():
 
 @check
 def two_processes_match_one_table():
-    """Last: the 2-process run (tests/sharded_multiprocess.py, started by the parent test
-    alongside this child) has saved its table; the parent writes one line on stdin once
-    both processes ended: ``ok <dir>`` or ``failed``. Its checkpoint loads onto 4 shards
-    here and must equal one unsharded table fed the same batches."""
+    """Last but one: the 2-process run (tests/sharded_multiprocess.py, started by the parent
+    test alongside this child) has saved its state, 8 shards over 2 processes. Its last
+    checkpoint restores onto 4 shards here and equals one unsharded table fed the same
+    batches."""
+    import orbax.checkpoint as ocp
+
     import tests.sharded_multiprocess as mp
 
-    status, _, where = sys.stdin.readline().strip().partition(" ")
-    if status != "ok":
-        raise AssertionError(f"the two processes did not finish: {status!r} (their output "
-                             "is in the parent test's report)")
-    loaded = ht.load(os.path.join(where, "table"), mesh=mesh_of(4), axis="shard")
+    with ocp.CheckpointManager(os.path.join(_two_processes_dir(), "run")) as mngr:
+        target = mp.fresh(ht, mesh_of(4))
+        loaded = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(target))["table"]
     assert loaded.num_shards == 4 and loaded.bucket_size == mp.SLOTS
     single, _ = fresh_pair(8)  # the programs of random_operations_match_one_table
     single, _, _ = mp.train(single, ht.adam_w_init(single), ht)
     same(entries(single, live_only=True), entries(loaded, live_only=True),
          "2 processes vs one table", exact_rows=False)
     assert int(loaded.live) == int(single.live) > 0
+
+
+@check
+def resumed_on_2_shards_in_a_fresh_process():
+    """Last: the 2-process run's mid-training checkpoint (8 shards) resumes here on 2
+    shards; the (key, counter, flags, row, AdamW moments) of every live key then equal
+    the 2 processes' uninterrupted run, bit for bit."""
+    import orbax.checkpoint as ocp
+
+    import tests.sharded_multiprocess as mp
+
+    with ocp.CheckpointManager(os.path.join(_two_processes_dir(), "run")) as mngr:
+        back = mngr.restore(mp.MID, args=ht.checkpoint.Restore(mp.fresh(ht, mesh_of(2))))
+        table, opt, _ = mp.train(back["table"], back["opt"], ht, range(mp.MID, mp.STEPS))
+        done = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(
+            jax.eval_shape(lambda: mp.fresh(ht, mesh_of(8)))))
+    got, want = mp.keyed({"table": table, "opt": opt}, ht), mp.keyed(done, ht)
+    assert len(got) == int(done["table"].live) > 0
+    if got != want:
+        diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        raise AssertionError(f"resumed on 2 shards: {len(diff)} of {len(want)} keys differ "
+                             f"from the uninterrupted run, e.g. {diff[:3]}")
 
 
 def main(names: list[str]) -> int:

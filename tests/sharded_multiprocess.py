@@ -3,11 +3,15 @@
 ``tests/test_hashtable_sharded.py`` starts two of these:
 ``python tests/sharded_multiprocess.py PROCESS_ID PORT OUT_DIR`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4``. Together they hold 8 devices; they
-train a table sharded over all 8 with the same batches (:func:`batches`) through the
-jitted, donated train step a user writes (:func:`train`), check a few global counts, and
-save it to ``OUT_DIR/table``. The 8-device child of the same test
-(``tests/sharded_checks.py``, ``two_processes_match_one_table``) then loads that
-checkpoint and compares it with one unsharded table fed the same batches.
+train a table sharded over all 8 and its AdamW state with the same batches
+(:func:`batches`) through the jitted, donated train step a user writes (:func:`train`),
+check a few global counts, and save the whole state with an Orbax ``CheckpointManager``
+(asynchronously) into ``OUT_DIR/run`` at step :data:`MID` and at the end. Then, still
+together, they restore step :data:`MID` onto the same 8 shards and onto 4 (two devices of
+each process: keys re-owned across processes), train on to the end, and check that both
+equal the uninterrupted run. The 8-device child of the same test
+(``tests/sharded_checks.py``) then restores these checkpoints in a fresh process: onto 4
+shards against one unsharded table, and step :data:`MID` onto 2 shards, resumed.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIM = 4
-SLOTS = 512
-STEPS = 3
+SLOTS = 1024  # 128 a shard: far from the load limit (its policy check is not multi-process yet)
+STEPS = 4
+MID = 2  # the step whose checkpoint is resumed
 
 
 def batches():
@@ -32,7 +37,7 @@ def batches():
         yield keys, rng.standard_normal((64, DIM)).astype(np.float32)
 
 
-def train(table, state, ht):
+def train(table, state, ht, steps=range(STEPS)):
     """The steps both runs take, jitted with table and state donated: insert (counter
     admission), then AdamW by slot; 64-bit ids enter as word pairs."""
     import jax
@@ -45,25 +50,68 @@ def train(table, state, ht):
                                        slots=info.slots)
         return table, state, info
 
-    for keys, grads in batches():
-        table, state, info = step(table, state, ht.words.as_words(keys), grads)
+    info = None
+    for i, (keys, grads) in enumerate(batches()):
+        if i in steps:
+            table, state, info = step(table, state, ht.words.as_words(keys), grads)
     return table, state, info
+
+
+def fresh(ht, mesh):
+    """The state every run starts from, on ``mesh`` (constant rows: free slots agree)."""
+    table = ht.init_sharded_table(SLOTS, DIM, mesh, "shard", initializer_mode="constant",
+                                  constant_value=0.5)
+    return {"table": table, "opt": ht.adam_w_init(table)}
+
+
+def keyed(state, ht) -> dict:
+    """``{key: (counter, flags, row, m, v)}`` (bytes) of the live keys, gathered."""
+    import jax
+
+    t, opt = state["table"], state["opt"]
+    whole = jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
+        t.mesh, jax.sharding.PartitionSpec()))
+    get = lambda x: np.asarray(jax.device_get(whole(x)))  # noqa: E731
+    flags = get(t.shards.flags).reshape(-1)
+    keys = ht.words.to_host_int64(ht.words.Words64(get(t.shards.key_lo).reshape(-1),
+                                                   get(t.shards.key_hi).reshape(-1)))
+    counters = ht.words.to_host_int64(ht.words.Words64(get(t.shards.counter_lo).reshape(-1),
+                                                       get(t.shards.counter_hi).reshape(-1)),
+                                      signed=False)
+    rows = [get(x).reshape(flags.size, -1) for x in (t.shards.values, opt.m, opt.v)]
+    live = (flags & ht.cann.VALID) != 0
+    live &= (flags & ht.cann.EVICTED) == 0
+    return {int(k): (int(c), int(f), *(r[s].tobytes() for r in rows))
+            for s, k, c, f in zip(np.flatnonzero(live), keys[live], counters[live], flags[live])}
 
 
 def main(process_id: int, port: int, out: str) -> None:
     import jax
 
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+    import orbax.checkpoint as ocp
+
     import jaxops.hashtable as ht
 
     assert jax.process_count() == 2 and len(jax.devices()) == 8, jax.devices()
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("shard",))
-    table = ht.init_sharded_table(SLOTS, DIM, mesh, "shard", initializer_mode="constant",
-                                  constant_value=0.5)
-    table, state, info = train(table, ht.adam_w_init(table), ht)
-    assert int(info.route.lost) == 0 and int(info.unplaced) == 0
-    ht.save(table, os.path.join(out, "table"))
-    print(f"process {process_id}: live {int(table.live)}", flush=True)
+    half = jax.sharding.Mesh(np.array(jax.devices()[::2]), ("shard",))  # 2 of each process
+    start = fresh(ht, mesh)
+    with ocp.CheckpointManager(os.path.join(out, "run")) as mngr:
+        table, opt, info = train(start["table"], start["opt"], ht, range(MID))
+        mngr.save(MID, args=ht.checkpoint.Save({"table": table, "opt": opt}))
+        table, opt, info = train(table, opt, ht, range(MID, STEPS))  # while it commits
+        assert int(info.route.lost) == 0 and int(info.unplaced) == 0
+        mngr.save(STEPS, args=ht.checkpoint.Save({"table": table, "opt": opt}))
+        mngr.wait_until_finished()
+        want = keyed({"table": table, "opt": opt}, ht)
+        for where, target in (("8 shards", jax.eval_shape(lambda: fresh(ht, mesh))),
+                              ("4 shards", fresh(ht, half))):
+            back = mngr.restore(MID, args=ht.checkpoint.Restore(target))
+            t, o, _ = train(back["table"], back["opt"], ht, range(MID, STEPS))
+            got = keyed({"table": t, "opt": o}, ht)
+            assert got == want, f"resumed on {where}: {len(got)} vs {len(want)} keys differ"
+    print(f"process {process_id}: live {int(table.live)}, resumed on 8 and 4 shards", flush=True)
     jax.distributed.shutdown()
 
 

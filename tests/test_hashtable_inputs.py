@@ -36,7 +36,6 @@ def _table(size=16, dim=2):
     ("resize", lambda t: ht.resize(t, 32)),
     ("compact", lambda t: ht.compact(t)),
     ("set_load_policy", lambda t: ht.set_load_policy(t)),
-    ("save", lambda t: ht.save(t, "unused.jxht")),
     ("to_cann_bytes", lambda t: ht.cann.to_cann_bytes(t)),
     ("handle_counters", lambda t: ht.cann.handle_counters(t)),
     ("optim.adam", lambda t: optim.adam(0.1).init(t)),

@@ -1,4 +1,4 @@
-"""The CANN bucket layout, the handle counters and versioned, atomic checkpoints."""
+"""The CANN bucket layout, the handle counters, and a checkpoint of a table that overflowed."""
 
 import os
 import struct
@@ -79,39 +79,11 @@ def test_from_cann_bytes_rejects_wrong_width():
         ht.cann.from_cann_bytes(np.zeros((4, 32), np.uint8), 3)
 
 
-def test_save_load_round_trip_and_atomicity(tmp_path, monkeypatch):
+def test_save_load_round_trip_keeps_the_dropped_count(tmp_path):
     t = ht.set_load_policy(_table(), max_load_factor=1.0)  # lets it fill up
     t, _, _ = ht.lookup_or_insert(t, np.arange(20, dtype=np.int64))  # overflows: dropped > 0
-    path = tmp_path / "t.jxht"
-    ht.save(t, path)
-    back = ht.load(path)
+    ht.save(t, tmp_path / "t")
+    back = ht.load(tmp_path / "t")
     chex.assert_trees_all_equal(table_snapshot(back), table_snapshot(t))
     assert int(back.dropped) > 0
-    assert os.listdir(tmp_path) == ["t.jxht"]  # no temporary left behind
-    before = path.read_bytes()
-
-    def crash(fd):
-        raise OSError("disk gone")  # a crash after the new bytes are written, before rename
-
-    monkeypatch.setattr(os, "fsync", crash)
-    with pytest.raises(OSError, match="disk gone"):
-        ht.save(ht.init_table(4, 1, initializer_mode="constant"), path)
-    assert path.read_bytes() == before and os.listdir(tmp_path) == ["t.jxht"]
-
-
-@pytest.mark.parametrize("damage,match", [
-    (lambda d: d[:10], "truncated"),
-    (lambda d: d[:30], "truncated inside the header"),
-    (lambda d: d[:-5], "truncated: payload"),
-    (lambda d: d + b"x", "trailing bytes"),
-    (lambda d: b"NOTATABL" + d[8:], "not a jaxops hash-table file"),
-    (lambda d: d[:8] + struct.pack("<I", 99) + d[12:], "format version 99"),
-    (lambda d: d[:-1] + bytes([d[-1] ^ 1]), "SHA-256"),
-    (lambda d: d[:16] + b"x" + d[17:], "corrupt header"),
-])
-def test_load_rejects_damaged_files(tmp_path, damage, match):
-    path = tmp_path / "t.jxht"
-    ht.save(_table(), path)
-    path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(ht.CheckpointError, match=match):
-        ht.load(path)
+    assert os.listdir(tmp_path) == ["t"]  # no temporary left behind

@@ -99,8 +99,8 @@ def _apply(table, ref, op, policy, tmp_path):
         table = ht.resize(table, size) if kind == "resize" else ht.compact(table)
         ref = ref.resize(np.zeros((size, DIM), np.float32))
     elif kind == "save_load":
-        ht.save(table, tmp_path / "t.jxht")
-        table = ht.load(tmp_path / "t.jxht")
+        ht.save(table, tmp_path / "t", force=True)
+        table = ht.load(tmp_path / "t")
     else:  # export everything, import it into a fresh table of the same size
         table, *outs = ht.export(table)
         keys, counters, flags, values = jaxops.refresh(outs)

@@ -4,8 +4,10 @@ The checks live in ``tests/sharded_checks.py`` and run in ONE child process star
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must precede the child's
 jax import; this process keeps its single device). At the same time two more processes
 (``tests/sharded_multiprocess.py``, ``jax.distributed`` with gloo, 4 devices each) train
-and save a table with a jitted step; the 8-device child's last check compares that checkpoint with one
-unsharded table, so its reference programs are those the child compiled already. The
+a table and its optimizer state with a jitted, donated step, save and restore them; the
+8-device child's last checks restore those checkpoints in a fresh process (onto 4 shards
+against one unsharded table, and resumed on 2 shards), so its reference programs are those
+it compiled already. The
 children compile with XLA's backend optimisation off: the checks compare results, not
 speed, and compiling (which dominates their time) takes half as long.
 """
@@ -22,6 +24,7 @@ import tests.sharded_checks as checks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [fn.__name__ for fn in checks.CHECKS]
+LAST = ("two_processes_match_one_table", "resumed_on_2_shards_in_a_fresh_process")
 
 
 def _env(devices: int) -> dict:
@@ -85,7 +88,7 @@ def test_sharded_check(results, name):
     row = results.get(name)
     assert row is not None, f"{name} did not report (the child stopped early?)"
     extra = ("\n----\n".join(results["_processes"])
-             if name == "two_processes_match_one_table" else "")
+             if name in LAST else "")
     assert row["ok"], row["error"] + extra
 
 

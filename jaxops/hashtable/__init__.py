@@ -46,13 +46,13 @@ from jaxops.ops.hashtable.scored import (SlotPredicate, SlotScores, counter_belo
                                          evict_lowest, not_seen_for)
 from jaxops.ops.hashtable.table import HashTable, host_keys
 
-from jaxops.hashtable import cann, optim, words  # noqa: E402,F401  (sub-namespaces)
+from jaxops.hashtable import cann, checkpoint, optim, words  # noqa: E402,F401  (sub-namespaces)
 
 __all__ = [
     "AdamWState", "CheckpointError", "ExportChunk", "HashTable", "ImportInfo", "LOAD_POLICIES",
     "LoadDemand", "LookupInfo", "Maintenance", "MeshAxis", "ONE_DEVICE", "OneDevice", "Placement",
     "RouteInfo", "ShardedHashTable", "SlotPredicate", "SlotScores", "adam_w_init",
-    "apply_adam_w", "cann", "compact", "counter_below", "evict", "evict_if", "evict_lowest",
+    "apply_adam_w", "cann", "checkpoint", "compact", "counter_below", "evict", "evict_if", "evict_lowest",
     "export", "export_chunks", "find", "gather", "host_keys", "import_", "init_sharded_table",
     "init_table", "load", "locate", "lookup", "lookup_or_insert", "maintain", "not_seen_for", "optim",
     "owner_shard", "resize", "save", "set_load_policy", "words",

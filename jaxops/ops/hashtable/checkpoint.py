@@ -1,13 +1,12 @@
-"""``save`` / ``load``: a table on any placement to disk and back.
-
-A table on one device is one file (:mod:`~jaxops.ops.hashtable.table_file`); a table on a
-mesh is a directory of one such file per shard and a manifest
-(:mod:`~jaxops.ops.hashtable.sharded_checkpoint`), which loads onto any shard count.
+"""``save`` / ``load``: one call to write a table (or a whole train state) as an Orbax
+checkpoint and to read it back, synchronously: conveniences over
+:class:`~.checkpoint_handler.Checkpointer`, the same format that
+``orbax.checkpoint.CheckpointManager`` writes with :class:`~.checkpoint_handler.Save`.
 
 >>> import os, tempfile, numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant")
 >>> t, _, _ = ht.lookup_or_insert(t, np.array([1, 2], np.int64))
->>> path = os.path.join(tempfile.mkdtemp(), "table.jxht")
+>>> path = os.path.join(tempfile.mkdtemp(), "table")
 >>> ht.save(t, path)
 >>> int(ht.load(path).live)
 2
@@ -18,66 +17,130 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
+
 from jaxops.core.errors import CheckpointError, OpArgumentError
-from jaxops.ops.hashtable.checkpoint_files import check_path
+from jaxops.ops.hashtable.checkpoint_handler import Checkpointer
+from jaxops.ops.hashtable.checkpoint_meta import read_meta
+from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.on_mesh import MeshAxis
-from jaxops.ops.hashtable.placement import Placement, placement_of
-from jaxops.ops.hashtable.sharded_checkpoint import (is_sharded_checkpoint, load_sharded,
-                                                     save_sharded)
-from jaxops.ops.hashtable.table_file import read_table_file, write_table_file
+from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
 
-__all__ = ["CheckpointError", "load", "save"]
+__all__ = ["CheckpointError", "check_path", "load", "save"]
+
+def check_path(op: str, path: object) -> str:
+    """``path`` as a ``str`` if it is a file-system path; else an
+    :class:`~jaxops.errors.OpArgumentError` naming ``op``.
+
+    >>> check_path("save", None)
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.OpArgumentError: save: argument 'path': expected a file path (str or os.PathLike), got NoneType.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OpArgumentError(op, "path", "a file path (str or os.PathLike)", type(path).__name__)
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise OpArgumentError(op, "path", "a file path (str or os.PathLike of str)",
+                              type(path).__name__)
+    return path
 
 
-def save(table: Any, path: str | os.PathLike) -> None:
-    """Writes ``table`` to ``path``: one file for a table on one device (written
-    atomically: a crash leaves the old file or the new one), a directory for a table on a
-    mesh (every process of a multi-process run must call it: a collective).
+def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
+    """Writes ``state`` (a table on any placement, or a train state holding tables, row
+    optimizer states and arrays) to the new directory ``path``; returns when it is
+    committed. Every process of a multi-process run must call it.
+
+    A save is atomic (Orbax writes ``<path>.orbax-checkpoint-tmp`` and renames it; a
+    temporary left by a killed save of ``path`` is replaced). ``force=True`` replaces an existing
+    checkpoint, deleting it *before* writing (Orbax's ``force``): keep the previous one with
+    ``orbax.checkpoint.CheckpointManager`` instead.
 
     Raises:
-        FileNotFoundError, PermissionError: (naming ``path``) the directory is missing or
-            not writable.
+        FileNotFoundError: (naming ``path``) its directory does not exist.
+        CheckpointError: ``path`` exists (without ``force``).
     """
-    place = placement_of("save", table)
-    if place.routes:
-        save_sharded(table, path)
-    else:
-        write_table_file(table, path)
+    path = os.path.abspath(check_path("save", path))
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(2, f"save: argument 'path': expected a path in an existing "
+                                f"directory, got {path!r} (its directory does not exist)", path)
+    if os.path.lexists(path) and not force:
+        raise CheckpointError(f"save: {path!r} exists: pass force=True to replace it, or save "
+                              "each step to its own directory (CheckpointManager)")
+    with Checkpointer() as ckptr:
+        ckptr.save(path, state, force=force)
+        ckptr.wait_until_finished()
 
 
-def load(path: str | os.PathLike, *, placement: Placement | None = None, mesh: Any = None,
-         axis: str | None = None, shard_size: int | None = None,
+def load(path: str | os.PathLike, target: Any = None, *, placement: Placement | None = None,
+         mesh: Any = None, axis: str | None = None, shard_size: int | None = None,
          constant_value: float = 0.0) -> Any:
-    """Reads a table written by :func:`save`.
-
-    Every file is checked before it is trusted: the header's fields and their ranges, the
-    payload's length and SHA-256, every bucket, the counts, and the structure (each key on
-    its probe path, none twice).
+    """Reads a checkpoint written by :func:`save` (or by Orbax with
+    :class:`~.checkpoint_handler.Save`), every byte checked (see
+    :mod:`~.checkpoint_handler`).
 
     Args:
-        path: a table file, or a sharded checkpoint's directory.
-        placement: where a sharded checkpoint goes (a :class:`~.on_mesh.MeshAxis`, any
-            shard count; ``mesh=`` and ``axis=`` say the same). A table file loads onto one
-            device.
-        shard_size, constant_value: for a sharded checkpoint loaded onto another shard
-            count: slots per new shard (default: the saved slots spread evenly) and the row
-            of free slots.
+        path: the checkpoint directory.
+        target: the state to restore into (see :class:`~.checkpoint_handler.Restore`). Without
+            it the checkpoint must hold one table, which comes back on ``placement``.
+        placement: where a lone table goes (``mesh=`` and ``axis=`` say the same; default:
+            one device for a table saved on one device). Another shard count than saved
+            re-owns the keys.
+        shard_size, constant_value: for a lone table on another layout: slots per shard
+            (default: the saved slots spread evenly) and the row of free slots.
 
     Raises:
-        CheckpointError: not a table checkpoint, an unsupported version, a truncated file, a
-            checksum mismatch, a bad header or content that is not a valid table.
+        CheckpointError: not a jaxops checkpoint, a checksum mismatch, content that is not a
+            valid table, or a target that does not match it.
     """
     path = check_path("load", path)
     if placement is None and mesh is not None:
         placement = MeshAxis(mesh, axis)
-    sharded = is_sharded_checkpoint(path)
-    if placement is None or not placement.routes:
-        if sharded:
+    if target is None:
+        target = _lone_table_target(path, placement, shard_size, constant_value)
+    elif placement is not None or shard_size is not None:
+        raise OpArgumentError("load", "placement", "None when a target is given (the target's "
+                              "tables have their placement)", repr(placement))
+    with Checkpointer() as ckptr:
+        return ckptr.restore(os.path.abspath(path), target)
+
+
+def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
+    body = read_meta(path)
+    if set(body["tables"]) != {"~root"}:
+        raise OpArgumentError("load", "target", "the state to restore into (this checkpoint "
+                              "holds a train state, not one table)", "None",
+                              "Pass load(path, target) with the state's structure.")
+    saved = body["tables"]["~root"]
+    n, size, dim = saved["num_shards"], saved["shard_size"], saved["embedding_dim"]
+    if placement is None:
+        if saved["sharded"]:
             raise OpArgumentError("load", "placement", "a MeshAxis (or mesh= and axis=) for a "
-                                  "sharded checkpoint (a directory with a manifest)",
-                                  repr(placement))
-        return read_table_file(path)
-    if not sharded:
-        raise CheckpointError(f"{path!r}: not a sharded table checkpoint (no manifest); a "
-                              "table file loads onto one device: load(path)")
-    return load_sharded(path, placement, shard_size=shard_size, constant_value=constant_value)
+                                  "table saved on a mesh", "None")
+        placement = ONE_DEVICE
+    m = placement.num_shards
+    per = -(-(n * size) // m) if shard_size is None else int(shard_size)
+    need = per * m * (21 + 4 * dim)  # five uint32 words, the flag byte, the row
+    have = _memory(placement)
+    if need > have:  # the checkpoint says how big: refused before anything is allocated
+        raise CheckpointError(f"load: {path!r} holds a table of {per * m} x {dim} slots, "
+                              f"{need} bytes: more than the {have} bytes of memory here")
+
+    def make():
+        return init_table(per * m, dim, initializer_mode="constant",
+                          constant_value=constant_value, key_dtype=saved["key_dtype"],
+                          placement=placement)
+
+    return jax.eval_shape(make) if (n, size) == (m, per) else make()
+
+
+def _memory(placement: Placement) -> int:
+    """The bytes a table on ``placement`` can take at most: its devices' memory limit, or
+    on the CPU the machine's physical memory."""
+    devices = placement.mesh.devices.flat if placement.routes else jax.local_devices()[:1]
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices
+              if hasattr(d, "memory_stats")]
+    if limits and all(limits):
+        return sum(limits)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
