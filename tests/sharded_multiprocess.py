@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIM = 4
-SLOTS = 1024  # 128 a shard: far from the load limit (its policy check is not multi-process yet)
+SLOTS = 1024  # 128 a shard: far from the load limit (the policy runs in _lifecycle)
 STEPS = 4
 MID = 2  # the step whose checkpoint is resumed
 
@@ -85,6 +85,33 @@ def keyed(state, ht) -> dict:
             for s, k, c, f in zip(np.flatnonzero(live), keys[live], counters[live], flags[live])}
 
 
+def _lifecycle(ht, mesh) -> str:
+    """The load policy across the processes: an eager insert past the limit grows the
+    table (its check reads every shard's counts), and ``maintain`` between jitted steps
+    grows it with its optimizer state, each key keeping its row."""
+    import jax
+
+    table = ht.set_load_policy(ht.init_sharded_table(64, DIM, mesh, "shard",
+                                                     initializer_mode="constant"),
+                               policy="grow")
+    keys = np.arange(200, dtype=np.int64)
+    table, rows, info = ht.lookup_or_insert(table, keys)
+    assert int(table.live) == 200 and table.bucket_size >= 256, (int(table.live), table.bucket_size)
+    assert int(info.unplaced) == 0
+    step = jax.jit(lambda t, s, w: (lambda t2, r, i: (t2, s, i))(*ht.lookup_or_insert(t, w)),
+                   donate_argnums=(0, 1))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows_of = lambda t: np.asarray(jax.device_get(  # noqa: E731
+        jax.jit(lambda t: ht.find(t, keys)[0], out_shardings=whole)(t)))
+    opt = ht.adam_w_init(table)
+    before = rows_of(table)
+    table, opt, report = ht.maintain(table, [(opt, ht.adam_w_init)], headroom=table.bucket_size)
+    assert report.grown == 1 and report.live == 200, report
+    table, opt, info = step(table, opt[0], ht.words.as_words(np.arange(200, 264)))
+    assert int(table.live) == 264 and np.array_equal(before, rows_of(table))
+    return f"{64} -> {table.bucket_size} slots"
+
+
 def main(process_id: int, port: int, out: str) -> None:
     import jax
 
@@ -111,7 +138,9 @@ def main(process_id: int, port: int, out: str) -> None:
             t, o, _ = train(back["table"], back["opt"], ht, range(MID, STEPS))
             got = keyed({"table": t, "opt": o}, ht)
             assert got == want, f"resumed on {where}: {len(got)} vs {len(want)} keys differ"
-    print(f"process {process_id}: live {int(table.live)}, resumed on 8 and 4 shards", flush=True)
+        grown = _lifecycle(ht, mesh)
+    print(f"process {process_id}: live {int(table.live)}, resumed on 8 and 4 shards, "
+          f"grown {grown}", flush=True)
     jax.distributed.shutdown()
 
 

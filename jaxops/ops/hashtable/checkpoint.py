@@ -20,11 +20,13 @@ from typing import Any
 import jax
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
+from jaxops.core.memory import refuse_unless_fits
 from jaxops.ops.hashtable.checkpoint_handler import Checkpointer
 from jaxops.ops.hashtable.checkpoint_meta import read_meta
 from jaxops.ops.hashtable.create import init_table
 from jaxops.ops.hashtable.on_mesh import MeshAxis
 from jaxops.ops.hashtable.placement import ONE_DEVICE, Placement
+from jaxops.ops.hashtable.table import slot_bytes
 
 __all__ = ["CheckpointError", "check_path", "load", "save"]
 
@@ -121,11 +123,10 @@ def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
         placement = ONE_DEVICE
     m = placement.num_shards
     per = -(-(n * size) // m) if shard_size is None else int(shard_size)
-    need = per * m * (21 + 4 * dim)  # five uint32 words, the flag byte, the row
-    have = _memory(placement)
-    if need > have:  # the checkpoint says how big: refused before anything is allocated
-        raise CheckpointError(f"load: {path!r} holds a table of {per * m} x {dim} slots, "
-                              f"{need} bytes: more than the {have} bytes of memory here")
+    # the checkpoint says how big: refused before anything is allocated
+    refuse_unless_fits("load", "path", per * slot_bytes(dim),
+                       f"{path!r} holds a table of {per * m} x {dim} slots, {per} a device",
+                       placement.mesh.devices.flat if placement.routes else None)
 
     def make():
         return init_table(per * m, dim, initializer_mode="constant",
@@ -135,12 +136,3 @@ def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
     return jax.eval_shape(make) if (n, size) == (m, per) else make()
 
 
-def _memory(placement: Placement) -> int:
-    """The bytes a table on ``placement`` can take at most: its devices' memory limit, or
-    on the CPU the machine's physical memory."""
-    devices = placement.mesh.devices.flat if placement.routes else jax.local_devices()[:1]
-    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices
-              if hasattr(d, "memory_stats")]
-    if limits and all(limits):
-        return sum(limits)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

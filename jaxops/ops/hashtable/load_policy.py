@@ -192,8 +192,8 @@ def under_load_policy(op: str, table: Any, words: Words64, run: Callable[[Any], 
     def count(table):
         storage = place.storage(table)
         _, present, new = place.call(_count_on_shard, skip, storage, words)[:3]
-        return table, LoadDemand(place.per_shard(storage.live) + np.asarray(new),
-                                 np.asarray(jax.device_get(present)), storage.max_live,
+        return table, LoadDemand(place.per_shard(storage.live) + place.per_shard(new),
+                                 place.to_host(present), storage.max_live,
                                  storage.bucket_size)
 
     def remedy(table, demand):

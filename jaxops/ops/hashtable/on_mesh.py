@@ -94,8 +94,9 @@ class MeshAxis(Placement):
         return _mesh_build(make, statics, self.mesh, self.axis)(
             global_replicated(self.mesh, replicated))
 
-    def per_shard(self, x):
-        return np.asarray(jax.device_get(_replicator(self.mesh)(x))).reshape(-1)
+    def to_host(self, x):
+        # replicated first: a process can read only the devices it holds
+        return np.asarray(jax.device_get(_replicator(self.mesh)(x)))
 
     def local_shards(self, storage: HashTable) -> dict[int, HashTable]:
         """``{shard index: HashTable}`` for the shards this process holds (one device's copy

@@ -87,7 +87,11 @@ class Placement:
 
     def per_shard(self, x: Any) -> np.ndarray:
         """A per-shard scalar of the storage (``live``, ...) on the host: ``[num_shards]``."""
-        return np.asarray(jax.device_get(x)).reshape(-1)
+        return self.to_host(x).reshape(-1)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        """``x`` (a result of this placement's calls) whole on the host of every process."""
+        return np.asarray(jax.device_get(x))
 
     def batch_capacity(self, op: str, n: int, capacity: Any) -> int:
         """The routing capacity for ``n`` keys: ``capacity`` checked (None: the most a
