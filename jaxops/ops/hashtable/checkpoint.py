@@ -54,22 +54,19 @@ def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
     committed. Every process of a multi-process run must call it.
 
     A save is atomic (Orbax writes ``<path>.orbax-checkpoint-tmp`` and renames it; a
-    temporary left by a killed save of ``path`` is replaced). ``force=True`` replaces an existing
-    checkpoint, deleting it *before* writing (Orbax's ``force``): keep the previous one with
-    ``orbax.checkpoint.CheckpointManager`` instead.
+    temporary left by a killed save of ``path`` is replaced) and takes its turn: saves into
+    the same directory from other threads and processes wait for it
+    (:mod:`~.checkpoint_guard`). ``force=True`` replaces an existing checkpoint, deleting it
+    *before* writing (Orbax's ``force``; keep the previous one with
+    ``orbax.checkpoint.CheckpointManager`` instead); anything at ``path`` that is not a
+    checkpoint is refused, never deleted. A failed save leaves nothing behind.
 
     Raises:
         FileNotFoundError: (naming ``path``) its directory does not exist.
-        CheckpointError: ``path`` exists (without ``force``).
+        CheckpointError: ``path`` exists (without ``force``), or is not a checkpoint.
+        OSError: (naming ``path``) the file system refused a write (a full disk).
     """
-    path = os.path.abspath(check_path("save", path))
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(2, f"save: argument 'path': expected a path in an existing "
-                                f"directory, got {path!r} (its directory does not exist)", path)
-    if os.path.lexists(path) and not force:
-        raise CheckpointError(f"save: {path!r} exists: pass force=True to replace it, or save "
-                              "each step to its own directory (CheckpointManager)")
+    path = check_path("save", path)
     with Checkpointer() as ckptr:
         ckptr.save(path, state, force=force)
         ckptr.wait_until_finished()

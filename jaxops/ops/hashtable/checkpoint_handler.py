@@ -41,6 +41,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
+from jaxops.ops.hashtable.checkpoint_guard import (STAGING_SUFFIX, DirectoryTurn,
+                                                   check_destination, naming_path,
+                                                   remove_temporary, swap_into_place)
 from jaxops.ops.hashtable.checkpoint_meta import (PY_SCALARS, dtype_name, make_body, read_meta,
                                                   write_meta)
 from jaxops.ops.hashtable.checkpoint_read import CHUNK_BYTES, StoredArrays, check_directory, reading
@@ -186,17 +189,74 @@ class Restore(ocp.args.CheckpointArgs):
 
 class Checkpointer(ocp.AsyncCheckpointer):
     """``ocp.StandardCheckpointer`` for train states holding tables: ``save(path, state)``
-    (asynchronous: ``wait_until_finished()``), ``restore(path, target)``."""
+    (asynchronous: ``wait_until_finished()``), ``restore(path, target)``.
+
+    A save takes its turn in the directory it writes into and touches only what it owns
+    (:mod:`~.checkpoint_guard`): saves from other threads and processes into that directory
+    wait until this one is committed (``wait_until_finished``, the next ``save`` or
+    ``close``); an existing ``path`` is refused, and replaced with ``force=True`` only if
+    it is a checkpoint; a failed save removes its temporary directory."""
 
     def __init__(self, *, multiprocessing_options: ocp.options.MultiprocessingOptions | None
                  = None, **kwargs):
         options = multiprocessing_options or ocp.options.MultiprocessingOptions()
+        self._primary = options.primary_host
+        self._pending: tuple[str, str, DirectoryTurn | None] | None = None
         super().__init__(TrainStateHandler(multiprocessing_options=options),
                          multiprocessing_options=options, **kwargs)
 
     def save(self, directory: epath.PathLike, state: Any, *, force: bool = False,
              **kwargs) -> None:
-        super().save(directory, args=Save(state), force=force, **kwargs)
+        path = os.path.abspath(os.fspath(directory))
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(2, f"save: argument 'path': expected a path in an "
+                                    f"existing directory, got {path!r} (its directory does "
+                                    "not exist)", path)
+        self.wait_until_finished()  # the previous save committed and its turn given back
+        turn = DirectoryTurn(parent) if ocp.multihost.is_primary_host(self._primary) else None
+        # force on one process: written beside the old checkpoint, swapped in when committed
+        staged = path + STAGING_SUFFIX if force and os.path.lexists(path) and \
+            jax.process_count() == 1 else path
+        pending = (path, staged, turn)
+        try:
+            check_destination(path, force)
+            if staged != path:
+                remove_temporary(staged)  # a killed save's (its own name, under its turn)
+            super().save(staged, args=Save(state), force=force and staged == path, **kwargs)
+        except BaseException as e:
+            self._raise_failed(pending, e)
+        self._pending = pending
+
+    def wait_until_finished(self) -> None:
+        pending, self._pending = self._pending, None
+        try:
+            super().wait_until_finished()
+            if pending is not None and pending[1] != pending[0]:
+                swap_into_place(pending[1], pending[0])
+        except BaseException as e:
+            if pending is None:
+                raise
+            self._raise_failed(pending, e)
+        if pending is not None and pending[2] is not None:
+            pending[2].release()
+
+    def _raise_failed(self, pending: tuple, error: BaseException):
+        """Cleans up after a save that failed, and raises (an ``OSError`` naming the
+        checkpoint's path for a file-system failure)."""
+        path, staged, turn = pending
+        try:
+            if turn is not None:
+                remove_temporary(os.fspath(self.get_temporary_path(epath.Path(staged)).get()))
+                if staged != path:
+                    remove_temporary(staged)
+        finally:
+            if turn is not None:
+                turn.release()
+        named = naming_path(error, path)
+        if named is error:
+            raise error
+        raise named from error
 
     def restore(self, directory: epath.PathLike, target: Any = None) -> Any:
         return super().restore(directory, args=Restore(target))

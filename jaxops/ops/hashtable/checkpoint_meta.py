@@ -101,6 +101,9 @@ def read_meta(directory: str | os.PathLike) -> dict:
         CheckpointError: no such file (not a jaxops checkpoint), a digest mismatch, or a
             field that is missing, of the wrong type or out of range.
     """
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{os.fspath(directory)!r}: not a directory (missing, or a "
+                              "file): a checkpoint is the directory that save or Orbax wrote")
     path = os.path.join(os.fspath(directory), META_FILE)
     where = repr(path)
     try:
