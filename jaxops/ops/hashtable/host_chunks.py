@@ -118,7 +118,8 @@ class TableWriter:
                key_dtype: str = "int64") -> HashTable:
         """The finished table with its counts (the writer must not be used after)."""
         fields, self._fields = self._fields, None
-        return HashTable(**dict(zip(_FIELDS, fields)), live=jnp.int32(live),
+        return HashTable(**dict(zip(_FIELDS, fields)), epoch=jnp.zeros_like(fields[0]),
+                         live=jnp.int32(live),
                          not_exported=jnp.int32(not_exported), dropped=as_counter(dropped),
                          clock=jnp.uint32(clock), max_load_factor=max_load_factor,
                          load_policy=load_policy, key_dtype=key_dtype)
