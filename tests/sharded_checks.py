@@ -642,6 +642,17 @@ def resumed_on_2_shards_in_a_fresh_process():
                              f"from the uninterrupted run, e.g. {diff[:3]}")
 
 
+@check
+def a_revived_key_starts_fresh_on_8_shards():
+    """Issue 30 #7 on a mesh: an evicted key coming back in a jitted donated loop trains as
+    a new key does (the same loop as the one-device test)."""
+    from tests.test_hashtable_optim_owner import revived_and_new_rows
+
+    a, b, c = 5, 6, 1000  # any keys: each shard evicts and revives its own
+    revived, new = revived_and_new_rows(ht.MeshAxis(mesh_of(8), "shard"), a, b, c)
+    np.testing.assert_array_equal(revived, new)
+
+
 def main(names: list[str]) -> int:
     assert len(jax.devices()) >= 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     failed = 0
