@@ -242,6 +242,7 @@ class RefTable:
         ref = cls(snap["values"])
         ref.keys, ref.counters = snap["keys"].tolist(), [int(c) for c in snap["counters"]]
         ref.flags, ref.last_access = snap["flags"].tolist(), snap["last_access"].tolist()
+        ref.epoch = snap["epoch"].tolist()
         ref.live, ref.not_exported, ref.dropped = snap["live"], snap["not_exported"], snap["dropped"]
         ref.clock = snap["clock"]
         return ref
