@@ -39,6 +39,7 @@ import numpy as np
 import jaxops.hashtable as ht
 from benchmarks.common import Result
 from jaxops.ops.hashtable.checkpoint_read import CHUNK_BYTES
+from jaxops.ops.hashtable.table import slot_bytes
 
 __all__ = ["run"]
 
@@ -76,7 +77,7 @@ def _warm_up(dim: int, directory: str | None) -> None:
     """Every stage once on a small table (two checkpoint chunks: a restore's programs are
     those of the big table's chunks), so that the process-wide first-compile memory (the
     XLA backend's own) is not charged to the first stage measured."""
-    small = ht.init_table(2 * CHUNK_BYTES // (21 + 4 * dim), dim, key=jax.random.key(1))
+    small = ht.init_table(2 * CHUNK_BYTES // slot_bytes(dim), dim, key=jax.random.key(1))
     small, _, _ = ht.lookup_or_insert(small, np.arange(8, dtype=np.int64))
     path = tempfile.mkdtemp(dir=directory)
     try:

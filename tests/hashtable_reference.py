@@ -55,6 +55,7 @@ class RefTable:
         self.counters = [0] * self.size
         self.flags = [0] * self.size
         self.last_access = [0] * self.size
+        self.epoch = [0] * self.size  # how many times a key was placed in each slot
         self.live = self.not_exported = self.dropped = self.clock = 0
 
     # -- probing --------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class RefTable:
                 if kind == "new":
                     self._take(s, k)
                 self.flags[s] = VALID
+                self.epoch[s] += 1
                 info["inserted"] += 1
                 self.live += 1
                 self.not_exported += 1
@@ -163,9 +165,11 @@ class RefTable:
                 self._take(s, k)
                 self.live += 1
                 info["inserted"] += 1
+                self.epoch[s] += 1
             elif self.flags[s] & EVICTED:
                 self.live += 1
                 info["inserted"] += 1
+                self.epoch[s] += 1
             elif not self.flags[s] & EXPORT:
                 self.not_exported -= 1
             self.counters[s] = int(counters[i])
@@ -225,7 +229,7 @@ class RefTable:
                 continue
             new.keys[t], new.counters[t] = self.keys[s], self.counters[s]
             new.flags[t], new.last_access[t] = self.flags[s], self.last_access[s]
-            new.values[t] = self.values[s]
+            new.values[t], new.epoch[t] = self.values[s], self.epoch[s]
         new.live, new.not_exported = self.live, self.not_exported
         new.dropped += self.dropped
         new.clock = self.clock
@@ -238,6 +242,7 @@ class RefTable:
         ref = cls(snap["values"])
         ref.keys, ref.counters = snap["keys"].tolist(), [int(c) for c in snap["counters"]]
         ref.flags, ref.last_access = snap["flags"].tolist(), snap["last_access"].tolist()
+        ref.epoch = snap["epoch"].tolist()
         ref.live, ref.not_exported, ref.dropped = snap["live"], snap["not_exported"], snap["dropped"]
         ref.clock = snap["clock"]
         return ref
@@ -247,7 +252,7 @@ class RefTable:
                 "counters": np.array(self.counters, np.uint64),
                 "flags": np.array(self.flags, np.uint8), "values": self.values.copy(),
                 "last_access": np.array(self.last_access, np.uint32),
-                "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped,
+                "epoch": np.array(self.epoch, np.uint32), "live": self.live, "not_exported": self.not_exported, "dropped": self.dropped,
                 "clock": self.clock}
 
 
@@ -259,7 +264,8 @@ class RefAdamW:
         self.m, self.v, self.max_v = (np.zeros(shape, np.float32) for _ in range(3))
         self.beta1_power = self.beta2_power = np.float32(1.0)
         self.amsgrad, self.skipped = amsgrad, 0
-        self.owner = list(table.keys)  # the key each slot's moments belong to
+        # the key (and the slot's epoch) each slot's moments belong to
+        self.owner = list(zip(table.keys, table.epoch))
 
     def apply(self, table: RefTable, keys, grads, lr, weight_decay, beta1=0.9, beta2=0.999,
               epsilon=1e-8, maximize=False):
@@ -275,9 +281,9 @@ class RefAdamW:
                 continue
             summed[s] = summed[s] + g if s in summed else g.copy()
         for s, g in summed.items():  # the Ascend kernel's expressions, term by term
-            if self.owner[s] != table.keys[s]:  # another key's moments: start from zero
-                self.m[s] = self.v[s] = self.max_v[s] = 0
-                self.owner[s] = table.keys[s]
+            if self.owner[s] != (table.keys[s], table.epoch[s]):  # another key's moments, or
+                self.m[s] = self.v[s] = self.max_v[s] = 0     # its earlier life: from zero
+                self.owner[s] = (table.keys[s], table.epoch[s])
             g = -g if maximize else g
             w = table.values[s] * (f32(1) + (-lr * wd))
             m = self.m[s] * b1 - (b1 + f32(-1)) * g
@@ -297,7 +303,7 @@ def table_snapshot(table) -> dict:
     return {"keys": to_host_int64(Words64(table.key_lo, table.key_hi)),
             "counters": to_host_int64(Words64(table.counter_lo, table.counter_hi), signed=False),
             "flags": np.asarray(table.flags), "values": np.asarray(table.values),
-            "last_access": np.asarray(table.last_access),
+            "last_access": np.asarray(table.last_access), "epoch": np.asarray(table.epoch),
             "live": int(table.live), "not_exported": int(table.not_exported),
             "dropped": int(table.dropped), "clock": int(table.clock)}
 

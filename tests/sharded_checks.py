@@ -571,6 +571,17 @@ def a_collection_on_a_mesh_trains_as_on_one_device():
                                    err_msg=f"eval of {name}")
 
 
+@check
+def a_revived_key_starts_fresh_on_8_shards():
+    """Issue 30 #7 on a mesh: an evicted key coming back in a jitted donated loop trains as
+    a new key does (the same loop as the one-device test)."""
+    from tests.test_hashtable_optim_owner import revived_and_new_rows
+
+    a, b, c = 5, 6, 1000  # any keys: each shard evicts and revives its own
+    revived, new = revived_and_new_rows(ht.MeshAxis(mesh_of(8), "shard"), a, b, c)
+    np.testing.assert_array_equal(revived, new)
+
+
 def _two_processes_dir() -> str:
     """The 2-process run's directory (the parent writes ``ok <dir>`` on stdin once both
     processes ended, or ``failed``); read once."""

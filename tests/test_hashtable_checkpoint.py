@@ -28,6 +28,7 @@ from jaxops.ops.hashtable.checkpoint_tree import parts
 from jaxops.ops.hashtable.checksums import (add_sums, array_sums, chunk_sums, hex_sums,
                                             host_sums)
 from jaxops.ops.hashtable.probe_check import ProbeCheck
+from jaxops.ops.hashtable.table import slot_bytes
 from tests.hashtable_reference import table_snapshot
 
 DIM = 3
@@ -72,8 +73,7 @@ def _entries(table, state=None) -> dict:
 @pytest.mark.parametrize("chunk", [1, 5, 16])
 @pytest.mark.parametrize("fill", [9, 16])  # 16 of 16: no empty slot, clusters wrap
 def test_round_trip_across_chunk_boundaries(tmp_path, monkeypatch, chunk, fill):
-    per_slot = 21 + 4 * DIM
-    monkeypatch.setattr(checkpoint_saved, "CHUNK_BYTES", chunk * per_slot)
+    monkeypatch.setattr(checkpoint_saved, "CHUNK_BYTES", chunk * slot_bytes(DIM))
     t = _table(n=fill, seed=fill)
     ht.save(t, tmp_path / "t")
     chex.assert_trees_all_equal(table_snapshot(ht.load(tmp_path / "t")), table_snapshot(t))

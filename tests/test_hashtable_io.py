@@ -45,7 +45,8 @@ def test_from_cann_bytes_is_the_exact_inverse():
     t = _table()
     # CANN's bucket has no clock or last access (beyond CANN): they come back as 0.
     want = {**table_snapshot(t), "clock": 0,
-            "last_access": np.zeros(t.bucket_size, np.uint32)}
+            "last_access": np.zeros(t.bucket_size, np.uint32),
+            "epoch": np.zeros(t.bucket_size, np.uint32)}  # nor an epoch
     back = ht.cann.from_cann_bytes(ht.cann.to_cann_bytes(t), 3)
     chex.assert_trees_all_equal(table_snapshot(back), want)
     flat = ht.cann.from_cann_bytes(ht.cann.to_cann_bytes(t).reshape(-1), 3)

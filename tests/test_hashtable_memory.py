@@ -32,7 +32,8 @@ _SCRIPT = textwrap.dedent("""
     size, dim, path = 1 << 20, 64, sys.argv[1]
     # Compile the small pieces: a table of two checkpoint chunks restores with the programs
     # of the big one's chunks.
-    small = ht.init_table(2 * CHUNK_BYTES // (21 + 4 * dim), dim, initializer_mode="constant")
+    from jaxops.ops.hashtable.table import slot_bytes
+    small = ht.init_table(2 * CHUNK_BYTES // slot_bytes(dim), dim, initializer_mode="constant")
     ht.save(small, path + "-warm"); ht.load(path + "-warm")
     ht.init_table(1024, dim, key=jax.random.key(1))
     del small

@@ -1,7 +1,8 @@
 """A slot's row-optimizer state belongs to its key: a key that takes another key's slot
 (tombstone reuse by lookup_or_insert or import_, after evict, evict_lowest or evict_if;
-compact moving a key) starts from the optimizer's initial state, never from the state of
-the key that held the slot. Small tables (8 slots, dim 2): one compile per optimizer.
+compact moving a key), or an evicted key that comes back, starts from the optimizer's
+initial state, never from the state of the key (or the earlier life of the key) that held
+the slot. Small tables (8 slots, dim 2): one compile per optimizer.
 """
 
 from typing import NamedTuple
@@ -56,8 +57,10 @@ def _insert(t, key):
 
 
 def _rows_at(state, slot: int) -> list[np.ndarray]:
-    """Every per-slot leaf of ``state`` (owner included) at ``slot``."""
-    return [np.asarray(x)[slot] for x in jax.tree.leaves(state._replace(skipped=None))
+    """Every per-slot leaf of ``state`` (the owner's key words included, not the slot's
+    epoch: a reused slot has seen more insertions than a fresh table's) at ``slot``."""
+    state = state._replace(skipped=None, owner=state.owner._replace(epoch=None))
+    return [np.asarray(x)[slot] for x in jax.tree.leaves(state)
             if np.ndim(x) >= 1 and np.shape(x)[0] == SIZE]
 
 
@@ -120,13 +123,17 @@ def test_a_key_compact_moves_does_not_take_the_state_left_in_its_new_slot():
     chex.assert_trees_all_equal(_accumulator_after_a_step(t, state, moved), _fresh_accumulator())
 
 
-def test_a_key_reviving_its_own_tombstone_keeps_its_state():
-    """The documented rule: the state belongs to the key, and this is the same key."""
+@pytest.mark.parametrize("evictor", ["evict", "evict_lowest", "evict_if"])
+def test_a_key_reviving_its_own_tombstone_starts_fresh(evictor):
+    """An evicted key's state is gone: coming back (into its own tombstone) it starts from
+    the initial state, as a new key does (the slot's epoch changed)."""
     t, slots, state = _a_trained(1.0)
-    t, revived = _insert(ht.evict(t, np.array([A], np.int64)), A)
+    t = {"evict": lambda: ht.evict(t, np.array([A], np.int64)),
+         "evict_lowest": lambda: ht.evict_lowest(t, 1),
+         "evict_if": lambda: ht.evict_if(t, ht.counter_below(2))}[evictor]()
+    t, revived = _insert(t, A)
     assert int(revived[0]) == int(slots[0])
-    chex.assert_trees_all_equal(_accumulator_after_a_step(t, state, revived),
-                                _fresh_accumulator() + G[0] * G[0])
+    chex.assert_trees_all_equal(_accumulator_after_a_step(t, state, revived), _fresh_accumulator())
 
 
 @pytest.mark.parametrize("by,x64", [("keys", False), ("slots", True)])
@@ -199,3 +206,42 @@ def test_a_sharded_table_keeps_the_rule_on_every_shard():
     chex.assert_trees_all_close(np.asarray(adam_state.m)[0, s], one_minus(0.9) * G[0], rtol=1e-6)
     chex.assert_trees_all_close(np.asarray(adam_state.v)[0, s], one_minus(0.999) * G[0] * G[0],
                                 rtol=1e-6)
+
+
+def revived_and_new_rows(placement, a: int, b: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """A jitted training loop that donates the table and its Adagrad state: keys ``a`` and
+    ``b`` train, ``a`` is evicted by a traced ``evict_if`` threshold, then ``a`` comes back
+    beside the new key ``c`` with the same gradient (evicted rows hold the initial value, as
+    new ones do). Returns the rows of ``a`` and ``c``
+    after that step (equal when ``a`` started fresh, as ``c`` did). Shared with the
+    8-device check in ``tests/sharded_checks.py``."""
+    opt = ht.optim.adagrad(0.2, initial_accumulator_value=0.05)
+
+    @jax.jit
+    def step(t, s, keys, threshold):
+        t, rows, info = ht.lookup_or_insert(t, keys)
+        t, s = opt.update(t, s, info.slots, jnp.ones_like(rows))
+        return ht.evict_if(t, ht.counter_below(threshold), const_val=ROW), s
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    t = ht.init_table(64, DIM, initializer_mode="constant", constant_value=ROW,
+                      placement=placement)
+    s = opt.init(t)
+    ids = lambda *k: ht.words.as_words(np.array(k, np.int64), "test", "keys")  # noqa: E731
+    t, s = step(t, s, ids(a, b), jnp.uint32(0))
+    t, s = step(t, s, ids(b, b), jnp.uint32(2))  # a's counter is 1: evicted; b's is 3
+    assert not bool(ht.find(t, ids(a))[1][0])
+    t, s = step(t, s, ids(a, c), jnp.uint32(0))
+    rows = np.asarray(ht.lookup(t, ids(a, c)))
+    return rows[0], rows[1]
+
+
+@pytest.mark.parametrize("placement", ["one device", "mesh of one"])
+def test_a_revived_key_starts_fresh_in_a_jitted_donated_loop(placement):
+    """Issue 30 #7: a key evicted and coming back trains as a new key does (before, it
+    kept its accumulator unless another key took its tombstone first)."""
+    where = None if placement == "one device" else ht.MeshAxis(
+        jax.sharding.Mesh(np.array(jax.devices()[:1]), ("s",)), "s")
+    revived, new = revived_and_new_rows(where, A, B, 1000)
+    np.testing.assert_array_equal(revived, new)
+    assert not np.array_equal(revived, np.full(DIM, ROW, np.float32))  # it did train

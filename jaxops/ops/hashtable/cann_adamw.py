@@ -33,7 +33,7 @@ from jaxops.ops.hashtable.batch import (flat_words, group_first, group_sum, is_f
                                         live_slots, set_rows, slot_words)
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.opdefs import APPLY_ADAM_W_OP
-from jaxops.ops.hashtable.owner import changed_hands, record_owners, slot_owners
+from jaxops.ops.hashtable.owner import SlotOwner, changed_hands, record_owners, slot_owners
 from jaxops.ops.hashtable.placement import placement_of, run_routed
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import EVICTED, VALID, HashTable
@@ -51,8 +51,9 @@ class AdamWState(NamedTuple):
         m, v: float32 ``[bucket_size, dim]`` first and second moments, per slot.
         max_v: float32 ``[bucket_size, dim]`` running max of ``v`` (amsgrad), else ``[0, dim]``.
         beta1_power, beta2_power: float32 scalars, ``beta ** steps``.
-        owner: :class:`~jaxops.ops.hashtable.words.Words64` ``[bucket_size]``: the key each
-            slot's moments belong to (8 bytes a slot; not in CANN, see below).
+        owner: :class:`~jaxops.ops.hashtable.owner.SlotOwner` ``[bucket_size]``: the key
+            (and slot epoch) each slot's moments belong to (12 bytes a slot; not in CANN,
+            see below).
         skipped: :class:`~jaxops.ops.hashtable.words.Counter64` (uint64): keys skipped so
             far (absent or evicted keys); ``int(state.skipped)`` reads it.
     """
@@ -62,7 +63,7 @@ class AdamWState(NamedTuple):
     max_v: jax.Array
     beta1_power: jax.Array
     beta2_power: jax.Array
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 

@@ -118,7 +118,8 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
                               str(e)) from None
     live, not_exported = live_counts(rows.flags)
     return HashTable(*(jnp.asarray(f) for f in rows[:6]),
-                     last_access=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live),
+                     last_access=jnp.zeros(rows.flags.shape, jnp.uint32),
+                     epoch=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live),
                      not_exported=jnp.int32(not_exported), dropped=as_counter(0),
                      clock=jnp.zeros((), jnp.uint32), key_dtype=key_dtype)
 

@@ -149,7 +149,8 @@ def _fresh_on_shard(router, statics, state, clock):
                           counter_hi=jnp.array(zero, copy=True),
                           flags=jnp.zeros(table.flags.shape, jnp.uint8),
                           values=jnp.array(table.values, copy=True),
-                          last_access=jnp.array(zero, copy=True), live=jnp.int32(0),
+                          last_access=jnp.array(zero, copy=True),
+                          epoch=jnp.array(zero, copy=True), live=jnp.int32(0),
                           not_exported=jnp.int32(0), dropped=Counter64.zero(),
                           clock=jnp.asarray(clock, jnp.uint32))
     return (table, jax.tree.map(lambda x: jnp.array(x, copy=True), states)), ()

@@ -46,7 +46,8 @@ __all__ = ["SHARD_FIELDS", "SLOT_FIELDS", "Parts", "StatePart", "TablePart", "in
            "initializer_json", "is_row_state", "leaf_name", "parts"]
 
 #: A table's fields with a slot axis, and its per-shard counts (``dropped`` as two words).
-SLOT_FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values", "last_access")
+SLOT_FIELDS = ("key_lo", "key_hi", "counter_lo", "counter_hi", "flags", "values", "last_access",
+               "epoch")
 SHARD_FIELDS = ("live", "not_exported", "dropped.lo", "dropped.hi", "clock")
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 

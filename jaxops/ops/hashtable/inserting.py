@@ -287,6 +287,7 @@ def insert_lanes(table: HashTable, words: Words64, active=None, weights=None, *,
         flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
                              lead),
+        epoch=set_rows(table.epoch, slot, take(table.epoch, at) + np.uint32(1), lead & fresh),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather_rows(table.values, slot, default_value)

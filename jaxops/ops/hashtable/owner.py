@@ -2,17 +2,17 @@
 another key's optimizer state.
 
 Optimizer state lies beside the table, one row per slot. A slot changes hands when a new
-key takes another key's tombstone (:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`,
+key takes another key's tombstone, when a key evicted comes back (it starts fresh, as a new
+key does),  (:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`,
 :func:`~jaxops.ops.hashtable.importing.import_`; after ``evict``, ``evict_lowest`` or
 ``evict_if``) and when ``compact`` moves keys. So every optimizer state with per-slot rows
-records, per slot, the key words of the slot's key when its row was last written: 8 bytes
-a slot, whatever the row's width. An update reads the owner of each touched slot with the
-slot's key (O(batch)); where they differ it starts the slot's state rows from the
-optimizer's initial value and records the new owner.
-
-The same key coming back to its own tombstone keeps its state (the key is the same: as in
-CANN, whose state tensors are indexed by slot and where only the same key reuses a slot);
-a key whose tombstone another key took starts fresh wherever it lands.
+records, per slot, the key words of the slot's key and the slot's ``epoch`` (how many times
+a key was placed there) when its row was last written (:class:`SlotOwner`): 12 bytes a
+slot, whatever the row's width. An update reads the owner of each touched slot with the
+slot's key and epoch (O(batch)); where they differ it starts the slot's state rows from the
+optimizer's initial value and records the new owner. A key evicted and placed again (in its
+own tombstone or elsewhere) has a new epoch: its old state is gone, on every placement and
+through every eviction (``evict``, ``evict_lowest``, ``evict_if``, the load policies).
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(4, 1, initializer_mode="constant")
@@ -22,14 +22,14 @@ a key whose tombstone another key took starts fresh wherever it lands.
 >>> changed.tolist()
 [False]
 >>> t = ht.evict(t, np.array([7], np.int64))
->>> t = t.replace(key_lo=t.key_lo.at[info.slots].set(8))  # as if key 8 took the tombstone
+>>> t, _, _ = ht.lookup_or_insert(t, np.array([7], np.int64))  # key 7 comes back
 >>> changed_hands(owner, t, info.slots)[0].tolist()
 [True]
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,28 +37,42 @@ import jax.numpy as jnp
 from jaxops.ops.hashtable.batch import set_rows
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import HashTable
-from jaxops.ops.hashtable.words import Words64
 
-__all__ = ["changed_hands", "move_state_rows", "record_owners", "reset_rows", "slot_owners"]
-
-
-def slot_owners(table: HashTable) -> Words64:
-    """The owner record of a new optimizer state: the table's key words now (each its own
-    buffer, so that the state can be donated beside the table)."""
-    return Words64(jnp.array(table.key_lo, copy=True), jnp.array(table.key_hi, copy=True))
+__all__ = ["SlotOwner", "changed_hands", "move_state_rows", "record_owners", "reset_rows",
+           "slot_owners"]
 
 
-def changed_hands(owner: Words64, table: HashTable, read: jax.Array
-                  ) -> tuple[jax.Array, Words64]:
-    """For in-range slots ``read`` ``[K]``: whether each slot's key differs from the owner of
-    its state rows (bool ``[K]``), and the slots' keys (to record with :func:`record_owners`)."""
-    keys = Words64(take(table.key_lo, read), take(table.key_hi, read))
-    return (take(owner.lo, read) != keys.lo) | (take(owner.hi, read) != keys.hi), keys
+class SlotOwner(NamedTuple):
+    """Whose a slot's optimizer state rows are: the key's words and the slot's ``epoch``
+    when they were last written (uint32 ``[bucket_size]`` each)."""
+
+    lo: jax.Array
+    hi: jax.Array
+    epoch: jax.Array
 
 
-def record_owners(owner: Words64, at: jax.Array, keys: Words64, write: jax.Array) -> Words64:
-    """``owner`` with ``keys`` recorded at slots ``at`` where ``write`` (distinct slots)."""
-    return Words64(set_rows(owner.lo, at, keys.lo, write), set_rows(owner.hi, at, keys.hi, write))
+def slot_owners(table: HashTable) -> SlotOwner:
+    """The owner record of a new optimizer state: the table's keys and epochs now (each its
+    own buffer, so that the state can be donated beside the table)."""
+    return SlotOwner(jnp.array(table.key_lo, copy=True), jnp.array(table.key_hi, copy=True),
+                     jnp.array(table.epoch, copy=True))
+
+
+def changed_hands(owner: SlotOwner, table: HashTable, read: jax.Array
+                  ) -> tuple[jax.Array, SlotOwner]:
+    """For in-range slots ``read`` ``[K]``: whether each slot's key or epoch differs from
+    the owner of its state rows (bool ``[K]``), and the slots' owners now (to record with
+    :func:`record_owners`)."""
+    now = SlotOwner(take(table.key_lo, read), take(table.key_hi, read),
+                    take(table.epoch, read))
+    return ((take(owner.lo, read) != now.lo) | (take(owner.hi, read) != now.hi)
+            | (take(owner.epoch, read) != now.epoch)), now
+
+
+def record_owners(owner: SlotOwner, at: jax.Array, now: SlotOwner, write: jax.Array
+                  ) -> SlotOwner:
+    """``owner`` with ``now`` recorded at slots ``at`` where ``write`` (distinct slots)."""
+    return SlotOwner(*(set_rows(o, at, n, write) for o, n in zip(owner, now)))
 
 
 def move_state_rows(old: Any, fresh: Any, table: HashTable, slot: jax.Array) -> Any:

@@ -66,13 +66,13 @@ def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> in
 
 
 def slot_bytes(embedding_dim: int) -> int:
-    """The device bytes one slot of a table takes: its float32 row, five uint32 words
-    (key, counter, last access) and its flag byte.
+    """The device bytes one slot of a table takes: its float32 row, six uint32 words
+    (key, counter, last access, epoch) and its flag byte.
 
     >>> slot_bytes(8)
-    53
+    57
     """
-    return 4 * embedding_dim + 4 * 5 + 1
+    return 4 * embedding_dim + 4 * 6 + 1
 
 
 @jax.tree_util.register_dataclass
@@ -88,6 +88,9 @@ class HashTable:
         values: float32 ``[bucket_size, embedding_dim]``.
         last_access: uint32 ``[bucket_size]``, the ``clock`` of the last lookup that touched
             the slot (0: never, or a tombstone); the LRU score (not in CANN).
+        epoch: uint32 ``[bucket_size]``, how many times a key was placed in the slot (a new
+            key, or a key reviving its tombstone); optimizer states record it with the key,
+            so a key evicted and coming back starts from a fresh state (not in CANN).
         live: int32 scalar, keys held and not evicted (CANN handle word 2).
         not_exported: int32 scalar, live keys never exported (CANN handle word 4).
         dropped: :class:`Counter64` (uint64), insertions so far that found no free slot
@@ -114,6 +117,7 @@ class HashTable:
     flags: jax.Array
     values: jax.Array
     last_access: jax.Array
+    epoch: jax.Array
     live: jax.Array
     not_exported: jax.Array
     dropped: Counter64
@@ -158,8 +162,8 @@ class HashTable:
         count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
         byte = jnp.zeros((bucket_size,), jnp.uint8)
         values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
-        return cls(full(), full(), zero(), zero(), byte, values, zero(), count(), count(),
-                   Counter64.zero(), jnp.zeros((), jnp.uint32))
+        return cls(full(), full(), zero(), zero(), byte, values, zero(), zero(), count(),
+                   count(), Counter64.zero(), jnp.zeros((), jnp.uint32))
 
     def __repr__(self) -> str:
         dtype = "" if self.key_dtype == "int64" else f", key_dtype={self.key_dtype!r}"

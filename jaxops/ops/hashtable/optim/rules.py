@@ -15,7 +15,7 @@ the global count instead (``step + 1``, as optax's ``count``), which is TensorFl
 LazyAdam: rows that were absent for a while are corrected as if they had been updated.
 
 **A slot's state belongs to its key.** Each state with per-slot rows records the key they
-belong to (``owner``, 8 bytes a slot). When a new key takes an evicted key's slot
+belong to (``owner``, 12 bytes a slot: key words and the slot's epoch). When a new key takes an evicted key's slot
 (``lookup_or_insert`` or ``import_`` after ``evict``, ``evict_lowest``, ``evict_if``), or
 ``compact`` moves a key, the slot's first update starts from the initial state (zero
 moments and count, ``initial_accumulator_value``) as for a never-touched row, never from
@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from jaxops.ops.hashtable.optim.rows import (RowOptimizer, make_row_optimizer, resolve,
                                              slot_owners)
 from jaxops.ops.hashtable.table import HashTable
-from jaxops.ops.hashtable.words import Counter64, Words64
+from jaxops.ops.hashtable.owner import SlotOwner
+from jaxops.ops.hashtable.words import Counter64
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "RowwiseAdagradState", "SgdState", "adagrad",
@@ -65,7 +66,7 @@ class AdagradState(NamedTuple):
     :class:`SgdState`."""
 
     sum_of_squares: jax.Array
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 
@@ -74,7 +75,7 @@ class RowwiseAdagradState(NamedTuple):
     ``owner``, ``skipped`` as :class:`AdagradState`."""
 
     sum_of_squares: jax.Array
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 
@@ -85,7 +86,7 @@ class AdamState(NamedTuple):
     mu: jax.Array
     nu: jax.Array
     count: jax.Array
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 
@@ -95,7 +96,7 @@ class FtrlState(NamedTuple):
 
     accumulator: jax.Array
     linear: jax.Array
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 

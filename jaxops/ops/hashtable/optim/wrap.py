@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.optim.rows import RowOptimizer, make_row_optimizer, slot_owners
 from jaxops.ops.hashtable.table import HashTable
-from jaxops.ops.hashtable.words import Counter64, Words64
+from jaxops.ops.hashtable.owner import SlotOwner
+from jaxops.ops.hashtable.words import Counter64
 
 __all__ = ["OptaxRowState", "from_optax"]
 
@@ -53,7 +54,7 @@ class OptaxRowState(NamedTuple):
     slot -1 (a uint64 :class:`~jaxops.ops.hashtable.words.Counter64`)."""
 
     inner: Any
-    owner: Words64
+    owner: SlotOwner
     skipped: Counter64
 
 
