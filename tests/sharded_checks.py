@@ -392,6 +392,20 @@ def checkpoint_on_8_restores_on_2_and_one_device_and_back():
                 ht.save(back, os.path.join(d, "b"))
         again = ht.load(os.path.join(d, "b"), {"t": t8, "s": s8})
         assert keyed(again["t"], again["s"]) == want, "8 -> 2 -> 8 shards"
+        # An abstract target: as many shards of another size take the saved size; another
+        # shard count needs concrete arrays (their rows are what free slots keep).
+        small = lambda m: ht.init_table(  # noqa: E731
+            8 * m, DIM, initializer_mode="constant", placement=ht.MeshAxis(mesh_of(m), "shard"))
+        grown = ht.load(os.path.join(d, "a"), jax.eval_shape(
+            lambda: {"t": small(8), "s": opt.init(small(8))}))
+        assert grown["t"].bucket_size == t8.bucket_size and keyed(grown["t"], grown["s"]) == want
+        try:
+            ht.load(os.path.join(d, "a"), jax.eval_shape(
+                lambda: {"t": small(2), "s": opt.init(small(2))}))
+        except OpArgumentError as e:
+            assert "concrete arrays" in str(e), e
+        else:
+            raise AssertionError("an abstract target of another shard count was restored")
         # Shards in reverse order (each a valid table, its keys owned by another shard).
         moved = t8.replace(shards=jax.tree.map(lambda x: x[::-1], t8.shards))
         ht.save(moved, os.path.join(d, "c"))

@@ -68,6 +68,19 @@ def test_training_recipe(policy):
         assert out["evicted"] > 0 and out["slots"] == 1024 and out["compiles"] == 1
 
 
+def test_training_recipe_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
+    """Issues 27/28 together: 16 steps saved every 8 (the table grows before), then a run
+    resumes from the checkpoint and ends where an uninterrupted 24-step run does."""
+    recipe = load("training_recipe")
+    kwargs = dict(batch=128, slots=1024, policy="grow")
+    whole, _ = recipe.train(steps=24, **kwargs)
+    _, first = recipe.train(steps=16, checkpoint_dir=str(tmp_path), save_every=8, **kwargs)
+    assert first["grown"] >= 1 and first["slots"] > 1024  # the checkpoint holds a grown table
+    resumed, out = recipe.train(steps=24, checkpoint_dir=str(tmp_path), **kwargs)
+    assert out["resumed_at"] == 16
+    chex.assert_trees_all_equal(resumed, whole)
+
+
 def test_click_model(tmp_path):
     module = load("click_model")
     rng = np.random.default_rng(0)  # the rank AUC against counting every (positive, negative) pair

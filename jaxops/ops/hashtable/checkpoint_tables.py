@@ -2,9 +2,10 @@
 slots at a time (:class:`~.checkpoint_saved.SavedTable` reads and checks them).
 
 **Same layout** (as many shards of as many slots as saved, on any placement of that many
-shards): every shard the process holds is preallocated on its device(s) and filled chunk
-by chunk in place, so a restore needs the new table plus one chunk. **Another layout**:
-the keys are re-owned (:mod:`~.checkpoint_reown`).
+shards; or as many shards and an abstract target, which takes the saved size: a table that
+grew while training comes back grown): every shard the process holds is preallocated on its
+device(s) and filled chunk by chunk in place, so a restore needs the new table plus one
+chunk. **Another layout**: the keys are re-owned (:mod:`~.checkpoint_reown`).
 
 >>> import os, tempfile, jax, numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 2, initializer_mode="constant")
@@ -31,6 +32,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.core.memory import refuse_unless_fits
 from jaxops.ops.hashtable.checkpoint_read import StoredArrays
 from jaxops.ops.hashtable.checkpoint_reown import reown
 from jaxops.ops.hashtable.checkpoint_saved import (SavedTable, check_state_shapes, put_small,
@@ -61,17 +63,40 @@ def restore_table(stored: StoredArrays, body: dict, target: TablePart,
     for s in states:
         check_state_shapes(body, saved, target, s)
     reader = SavedTable(stored, body, target.name, saved, states, target)
-    if (saved["num_shards"], saved["shard_size"]) == (target.num_shards, target.shard_size):
+    abstract = [(what, x) for what, x in [(target.where, target.storage.values)] + [
+        (s.where, leaf) for s in states for leaf in jax.tree.leaves(s.state)]
+        if not isinstance(x, jax.Array)]
+    if saved["num_shards"] == target.num_shards and (
+            saved["shard_size"] == target.shard_size or abstract):
+        if saved["shard_size"] != target.shard_size:  # the saved size, checked it fits
+            refuse_unless_fits("restore", f"target {target.where}",
+                               _bytes_per_shard(body, target.name, states),
+                               f"{stored.directory!r} holds table {target.name!r} of "
+                               f"{saved['num_shards']} x {saved['shard_size']} slots",
+                               _devices(target))
         return _same_layout(reader, target, states)
-    for what, x in [(target.where, target.storage.values)] + [
-            (s.where, leaf) for s in states for leaf in jax.tree.leaves(s.state)]:
-        if not isinstance(x, jax.Array):
-            raise OpArgumentError(
-                "restore", f"target {what}", "concrete arrays (init_table / opt.init) to "
-                f"restore {saved['num_shards']} x {saved['shard_size']} slots onto "
-                f"{target.num_shards} x {target.shard_size}: their rows are what free slots "
-                "keep", f"{type(x).__name__} leaves")
+    for what, x in abstract:
+        raise OpArgumentError(
+            "restore", f"target {what}", "concrete arrays (init_table / opt.init) to "
+            f"restore {saved['num_shards']} x {saved['shard_size']} slots onto "
+            f"{target.num_shards} x {target.shard_size}: their rows are what free slots "
+            "keep (an abstract target takes the saved size with as many shards)",
+            f"{type(x).__name__} leaves")
     return reown(reader, target, states)
+
+
+def _bytes_per_shard(body: dict, name: str, states: list[StatePart]) -> int:
+    """The bytes one shard of the saved table ``name`` and its states' slot arrays take."""
+    table = body["tables"][name]
+    names = [f"{name}.{f}" for f in SLOT_FIELDS] + [
+        n for s in states for n in body["states"][s.name]["slot"]]
+    total = sum(int(np.prod(body["leaves"][n]["shape"], dtype=object)) *
+                jnp.dtype(body["leaves"][n]["dtype"]).itemsize for n in names)
+    return -(-total // table["num_shards"])
+
+
+def _devices(target: TablePart):
+    return target.table.placement.mesh.devices.flat if target.sharded else None
 
 
 def _holders(target: TablePart) -> tuple[Any, dict[int, list]]:
