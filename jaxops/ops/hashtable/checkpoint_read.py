@@ -39,9 +39,10 @@ __all__ = ["CHUNK_BYTES", "StoredArrays", "check_directory", "reading", "release
 #: TensorStore's read threads each keep a chunk or two resident (measured, 2^21 x 64
 #: table: +80 MiB with 16 MiB chunks and its default concurrency, +47 MiB with one data
 #: copy thread), so chunks are small and reads use one data-copy thread and one file-I/O
-#: thread: with four, a restore of a 2^20 x 64 table beside two busy processes kept
-#: +24 to +68 MiB over the table (glibc gives contending threads their own heaps, which keep
-#: freed chunks), with one -45 to +38 MiB in nine runs, as fast (0.7-0.85 s either way).
+#: thread, and each chunk is written to the device before the next is read: a restore of
+#: a 2^20 x 64 table beside two busy processes kept +24 to +68 MiB over the table with four
+#: I/O threads and writes in flight (glibc gives contending threads their own heaps, which
+#: keep freed chunks), -25 to +25 MiB in nine runs as it is now, about as fast.
 CHUNK_BYTES = 4 << 20
 
 

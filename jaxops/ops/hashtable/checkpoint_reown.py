@@ -72,9 +72,9 @@ def reown(saved: SavedTable, target: TablePart, states: list[StatePart]):
             table_rows = tuple(rows[f"{saved.name}.{f}"] for f in SLOT_FIELDS)
             state_rows = tuple(tuple(rows[n] for n, slot in zip(state_names(s), m) if slot)
                                for s, m in zip(states, masks))
-            jax.block_until_ready(state)  # one chunk in flight (see checkpoint_tables)
             state, _ = place.map(_reown_on_shard, statics, state,
                                  (table_rows, state_rows, np.int32(skip)), donate=True)
+            jax.block_until_ready(state)  # before the next chunk (see checkpoint_tables)
             live = (rows[f"{saved.name}.flags"][skip:] & (VALID | EVICTED)) == VALID
             if live.any():
                 key = (rows[f"{saved.name}.key_lo"][skip:][live],

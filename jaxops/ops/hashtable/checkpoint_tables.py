@@ -133,12 +133,12 @@ def _same_layout(saved: SavedTable, target: TablePart, states: list[StatePart]):
         put = lambda rows: tuple(jax.device_put(r.reshape((1,) * lead + r.shape), first)  # noqa: E731
                                  for r in rows)
         for a, _, _, moved in saved.chunks(i, put):
-            # The write of the chunk before is done first: one write in flight, so chunks
-            # cannot queue up behind a busy device (each holds its rows) while reads go on.
-            jax.block_until_ready(bufs)
             for d in held[i]:
                 bufs[d] = _write(bufs[d], moved if d == first else jax.device_put(moved, d),
                                  lead, jnp.int32(a))
+            # Written before the next chunk is read: chunks cannot queue up behind a busy
+            # device, and the chunk's buffers are free when the reader trims the heap.
+            jax.block_until_ready(bufs)
         for d, arrays in bufs.items():
             for n, x in zip(saved.slot_names, arrays):
                 pieces[n][d] = x
