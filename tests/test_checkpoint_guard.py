@@ -50,6 +50,12 @@ def test_force_replaces_only_a_checkpoint(tmp_path):
     (user / "jaxops.json").write_text("{}")  # looks like one, holds nothing else: replaced
     ht.save(_table(2), user, force=True)
     assert int(ht.load(user).live) == 2
+    empty = tmp_path / "empty"  # as tempfile.mkdtemp() makes: nothing to lose
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="exists: pass force=True"):
+        ht.save(_table(1), empty)
+    ht.save(_table(3), empty, force=True)
+    assert int(ht.load(empty).live) == 3 and _leftovers(tmp_path) == []
 
 
 def test_an_existing_checkpoint_is_refused_then_replaced_whole(tmp_path):

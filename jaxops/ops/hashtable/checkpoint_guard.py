@@ -82,7 +82,8 @@ class DirectoryTurn:
 
 
 def check_destination(path: str, force: bool) -> None:
-    """Refuses ``path`` unless it is free, or ``force`` and it is a checkpoint.
+    """Refuses ``path`` unless it is free, or ``force`` and it is a checkpoint or an empty
+    directory (``tempfile.mkdtemp()``: nothing of anyone's is deleted).
 
     Raises:
         CheckpointError: ``path`` exists (without ``force``), or is not a checkpoint (a
@@ -103,7 +104,7 @@ def check_destination(path: str, force: bool) -> None:
             raise CheckpointError(f"save: {path!r} holds {name!r}, which no checkpoint holds: "
                                   "refusing to replace it (force=True replaces only a "
                                   "checkpoint)")
-    if "jaxops.json" not in names:
+    if names and "jaxops.json" not in names:
         raise CheckpointError(f"save: {path!r} is not a jaxops checkpoint (no jaxops.json): "
                               "refusing to replace it (force=True replaces only a checkpoint)")
 
