@@ -41,7 +41,8 @@ def run(quick: bool = False) -> list[Result]:
     rng = np.random.default_rng(0)
     keys = rng.choice(2**62, size // 2, replace=False).astype(np.int64)
     table = ht.init_table(size, dim, initializer_mode="constant", constant_value=0.01)
-    table, _, info = jax.jit(lambda t, k: ht.lookup_or_insert(t, k))(table, keys)
+    table, _, info = jax.jit(lambda t, k: ht.lookup_or_insert(t, k))(  # 64-bit ids enter
+        table, ht.words.as_words(keys, "benchmark", "keys"))          # jit as word pairs
     slots_of_keys = np.asarray(info.slots)
     pick = np.minimum(rng.zipf(1.2, batch) - 1, keys.size - 1)  # Zipf: heavy duplicates
     slots = jnp.asarray(slots_of_keys[pick])
