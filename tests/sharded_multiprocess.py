@@ -139,6 +139,15 @@ def main(process_id: int, port: int, out: str) -> None:
             got = keyed({"table": t, "opt": o}, ht)
             assert got == want, f"resumed on {where}: {len(got)} vs {len(want)} keys differ"
         grown = _lifecycle(ht, mesh)
+    # A forced save over a checkpoint, from both processes: staged beside it and exchanged
+    # by the primary process once committed; the path then holds the new state only.
+    forced = os.path.join(out, "forced")
+    ht.save(fresh(ht, mesh), forced)  # (start was donated to the training steps)
+    ht.save({"table": table, "opt": opt}, forced, force=True)
+    back = ht.load(forced, jax.eval_shape(lambda: fresh(ht, mesh)))
+    assert keyed(back, ht) == want, "the forced save did not replace the checkpoint whole"
+    left = [n for n in os.listdir(out) if "tmp" in n or "jaxops-" in n]
+    assert not left, f"temporaries left beside the checkpoint: {left}"
     print(f"process {process_id}: live {int(table.live)}, resumed on 8 and 4 shards, "
           f"grown {grown}", flush=True)
     jax.distributed.shutdown()

@@ -57,12 +57,10 @@ def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
     temporary left by a killed save of ``path`` is replaced) and takes its turn: saves into
     the same directory from other threads and processes wait for it
     (:mod:`~.checkpoint_guard`). ``force=True`` replaces an existing checkpoint (or an
-    empty directory): on one process the new one is written beside it and the two are
-    exchanged atomically once it is committed, so ``path`` holds a whole checkpoint at
-    every moment; on several, Orbax's ``force`` deletes it before writing (keep the
-    previous one with ``orbax.checkpoint.CheckpointManager`` instead). Anything at
-    ``path`` that is not a checkpoint is refused, never deleted. A failed save leaves
-    nothing behind.
+    empty directory): the new one is written beside it and the two are exchanged
+    atomically once it is committed (by the primary process, the others waiting), so
+    ``path`` holds a whole checkpoint at every moment. Anything at ``path`` that is not a
+    checkpoint is refused, never deleted. A failed save leaves nothing behind.
 
     Raises:
         FileNotFoundError: (naming ``path``) its directory does not exist.

@@ -201,6 +201,7 @@ class Checkpointer(ocp.AsyncCheckpointer):
                  = None, **kwargs):
         options = multiprocessing_options or ocp.options.MultiprocessingOptions()
         self._primary = options.primary_host
+        self._processes = options.active_processes
         self._pending: tuple[str, str, DirectoryTurn | None] | None = None
         super().__init__(TrainStateHandler(multiprocessing_options=options),
                          multiprocessing_options=options, **kwargs)
@@ -214,16 +215,18 @@ class Checkpointer(ocp.AsyncCheckpointer):
                                     f"existing directory, got {path!r} (its directory does "
                                     "not exist)", path)
         self.wait_until_finished()  # the previous save committed and its turn given back
-        turn = DirectoryTurn(parent) if ocp.multihost.is_primary_host(self._primary) else None
-        # force on one process: written beside the old checkpoint, swapped in when committed
-        staged = path + STAGING_SUFFIX if force and os.path.lexists(path) and \
-            jax.process_count() == 1 else path
+        primary = ocp.multihost.is_primary_host(self._primary)
+        turn = DirectoryTurn(parent) if primary else None
+        # force: written beside the old checkpoint, swapped in when committed
+        staged = path + STAGING_SUFFIX if force and os.path.lexists(path) else path
         pending = (path, staged, turn)
         try:
             check_destination(path, force)
-            if staged != path:
+            if staged != path and primary:
                 remove_temporary(staged)  # a killed save's (its own name, under its turn)
-            super().save(staged, args=Save(state), force=force and staged == path, **kwargs)
+            if staged != path:
+                self._sync("jaxops_checkpoint_staged")
+            super().save(staged, args=Save(state), **kwargs)
         except BaseException as e:
             self._raise_failed(pending, e)
         self._pending = pending
@@ -233,13 +236,19 @@ class Checkpointer(ocp.AsyncCheckpointer):
         try:
             super().wait_until_finished()
             if pending is not None and pending[1] != pending[0]:
-                swap_into_place(pending[1], pending[0])
+                if pending[2] is not None:  # the primary process swaps, the others wait
+                    swap_into_place(pending[1], pending[0])
+                self._sync("jaxops_checkpoint_swapped")
         except BaseException as e:
             if pending is None:
                 raise
             self._raise_failed(pending, e)
         if pending is not None and pending[2] is not None:
             pending[2].release()
+
+    def _sync(self, name: str) -> None:
+        if jax.process_count() > 1:
+            ocp.multihost.sync_global_processes(name, processes=self._processes)
 
     def _raise_failed(self, pending: tuple, error: BaseException):
         """Cleans up after a save that failed, and raises (an ``OSError`` naming the
