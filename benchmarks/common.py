@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -207,3 +208,19 @@ def plot_ratios(results: list[Result], path: str) -> str | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def run_on_host_devices(module: str, quick: bool, devices: int = 8) -> dict:
+    """Runs ``python -m benchmarks.<module> --child quick|full`` in a process with
+    ``devices`` forced host devices (the flag must be set before jax is imported) and
+    returns the JSON object its last output line prints."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--child",
+                           "quick" if quick else "full"], env=env, cwd=root,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the {devices}-device child of {module} failed:\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
-from benchmarks.common import Result, compare
+from benchmarks.common import Result, compare, run_on_host_devices
 
 FEATURES, DENSE, DIM, VOCAB = 26, 13, 16, 10_000_000
 
@@ -208,15 +206,7 @@ def _filling(quick: bool, policy: str) -> Result:
 
 def run(quick: bool = False) -> list[Result]:
     results = [_vs_dense(quick), _filling(quick, "grow"), _filling(quick, "evict")]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.dlrm", "--child",
-                           "quick" if quick else "full"], env=env, cwd=root,
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"the 8-device child failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = run_on_host_devices("dlrm", quick)
     results.append(Result("DLRM step on 8 host devices", row["sharded_s"], "1 device",
                           row["single_s"], target=4.0, note=row["note"],
                           ours_best_s=row["sharded_best"], peer_best_s=row["single_best"]))

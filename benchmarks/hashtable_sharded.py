@@ -18,24 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 
-from benchmarks.common import Result
-
-_FLAG = "--xla_force_host_platform_device_count=8"
-
+from benchmarks.common import Result, run_on_host_devices
 
 def run(quick: bool = False) -> list[Result]:
-    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.hashtable_sharded", "--child",
-                           "quick" if quick else "full"], env=env, cwd=root,
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"the 8-device child failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = run_on_host_devices("hashtable_sharded", quick)
     name = f"sharded step, {row['batch'] // 1000}K keys, 8 host devices"
     note = "host devices share the CPU cores: overhead, not speed-up"
     return [Result(f"{name}, route_capacity={row['local']} (default)", row["sharded_s"],
