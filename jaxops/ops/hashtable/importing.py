@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.ops.hashtable.batch import (find_or_place, flat_words, group_first, is_first,
@@ -24,8 +23,8 @@ from jaxops.ops.hashtable.batch import (find_or_place, flat_words, group_first, 
 from jaxops.ops.hashtable.checks import check_numeric
 from jaxops.ops.hashtable.load_policy import under_load_policy
 from jaxops.ops.hashtable.opdefs import IMPORT_OP
+from jaxops.ops.hashtable.owner import advance_epochs
 from jaxops.ops.hashtable.placement import placement_of, run_routed
-from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.ops.hashtable.words import Words64, add_to_words, as_counter
 
@@ -154,8 +153,7 @@ def import_entries(table: HashTable, words: Words64, counters: Words64, filter_f
         values=set_rows(table.values, slot, values, last),
         last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
                              last),
-        epoch=set_rows(table.epoch, slot, take(table.epoch, jnp.maximum(slot, 0)) + np.uint32(1),
-                       lead & (absent | revived)),
+        epoch=advance_epochs(table.epoch, slot, lead & (absent | revived)),
         live=table.live + inserted, not_exported=table.not_exported - first_export,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     return table, ImportInfo(slot, inserted, unplaced, table.live > table.max_live)

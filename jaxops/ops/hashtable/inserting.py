@@ -33,6 +33,7 @@ from jaxops.ops.hashtable.batch import (effective_keys, find_or_place, flat_word
                                         set_rows, shaped)
 from jaxops.ops.hashtable.load_policy import under_load_policy
 from jaxops.ops.hashtable.opdefs import LOOKUP_OR_INSERT_OP
+from jaxops.ops.hashtable.owner import advance_epochs
 from jaxops.ops.hashtable.placement import placement_of, run_routed
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.route import RouteInfo
@@ -287,7 +288,7 @@ def insert_lanes(table: HashTable, words: Words64, active=None, weights=None, *,
         flags=set_rows(place.flags, slot, flags, lead & (flags != old_flags)),
         last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
                              lead),
-        epoch=set_rows(table.epoch, slot, take(table.epoch, at) + np.uint32(1), lead & fresh),
+        epoch=advance_epochs(table.epoch, slot, lead & fresh),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))
     rows = gather_rows(table.values, slot, default_value)

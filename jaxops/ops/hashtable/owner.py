@@ -2,10 +2,10 @@
 another key's optimizer state.
 
 Optimizer state lies beside the table, one row per slot. A slot changes hands when a new
-key takes another key's tombstone, when a key evicted comes back (it starts fresh, as a new
-key does),  (:func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`,
-:func:`~jaxops.ops.hashtable.importing.import_`; after ``evict``, ``evict_lowest`` or
-``evict_if``) and when ``compact`` moves keys. So every optimizer state with per-slot rows
+key takes another key's tombstone or an evicted key comes back (it starts fresh, as a new
+key does; :func:`~jaxops.ops.hashtable.inserting.lookup_or_insert`,
+:func:`~jaxops.ops.hashtable.importing.import_`, after ``evict``, ``evict_lowest`` or
+``evict_if``), and when ``compact`` moves keys. So every optimizer state with per-slot rows
 records, per slot, the key words of the slot's key and the slot's ``epoch`` (how many times
 a key was placed there) when its row was last written (:class:`SlotOwner`): 12 bytes a
 slot, whatever the row's width. An update reads the owner of each touched slot with the
@@ -33,13 +33,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.ops.hashtable.batch import set_rows
 from jaxops.ops.hashtable.probe import take
 from jaxops.ops.hashtable.table import HashTable
 
-__all__ = ["SlotOwner", "changed_hands", "move_state_rows", "record_owners", "reset_rows",
-           "slot_owners"]
+__all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "record_owners",
+           "reset_rows", "slot_owners"]
 
 
 class SlotOwner(NamedTuple):
@@ -49,6 +50,14 @@ class SlotOwner(NamedTuple):
     lo: jax.Array
     hi: jax.Array
     epoch: jax.Array
+
+
+def advance_epochs(epoch: jax.Array, slot: jax.Array, placed: jax.Array) -> jax.Array:
+    """``epoch`` one higher at the slots ``slot`` where ``placed`` (a key was placed there:
+    a new key, or an evicted key coming back; distinct slots). Only those slots are read, so
+    a batch of present keys touches no epoch."""
+    now = take(epoch, jnp.where(placed, slot, 0))
+    return set_rows(epoch, slot, now + np.uint32(1), placed)
 
 
 def slot_owners(table: HashTable) -> SlotOwner:
