@@ -55,8 +55,8 @@ _SUM = re.compile(r"^[0-9a-f]{16}$")
 _KINDS = ("plain", "table", "slot", "shard")
 _TABLE_DTYPES = {"key_lo": "uint32", "key_hi": "uint32", "counter_lo": "uint32",
                  "counter_hi": "uint32", "flags": "uint8", "values": "float32",
-                 "last_access": "uint32", "epoch": "uint32", "live": "int32", "not_exported": "int32",
-                 "dropped.lo": "uint32", "dropped.hi": "uint32", "clock": "uint32",
+                 "last_access": "uint32", "epoch": "uint32", "live": "int32",
+                 "not_exported": "int32", "dropped.lo": "uint32", "dropped.hi": "uint32", "clock": "uint32",
                  "unrouted": "int32"}
 
 

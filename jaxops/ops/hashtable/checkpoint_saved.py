@@ -93,9 +93,11 @@ class SavedTable:
         self.dim = saved["embedding_dim"]
         self.slot_names = [f"{name}.{f}" for f in SLOT_FIELDS] + [
             n for s in states for n in body["states"][s.name]["slot"]]
-        per_slot = sum(int(np.prod(body["leaves"][n]["shape"][2 if self.sharded else 1:]))
-                       * np.dtype(body["leaves"][n]["dtype"]).itemsize for n in self.slot_names)
-        self.step = min(self.per, max(1, CHUNK_BYTES // max(1, per_slot)))
+        #: bytes a slot of the table and its states' per-slot arrays take
+        self.slot_bytes = sum(int(np.prod(body["leaves"][n]["shape"][2 if self.sharded else 1:]))
+                              * np.dtype(body["leaves"][n]["dtype"]).itemsize
+                              for n in self.slot_names)
+        self.step = min(self.per, max(1, CHUNK_BYTES // max(1, self.slot_bytes)))
         for n in self.slot_names:  # stored as listed: checked before anything is allocated
             stored.open(n)
         self.counts = {f: self.whole(f"{name}.{f}") for f in SHARD_FIELDS}

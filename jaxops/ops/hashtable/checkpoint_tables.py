@@ -70,7 +70,7 @@ def restore_table(stored: StoredArrays, body: dict, target: TablePart,
             saved["shard_size"] == target.shard_size or abstract):
         if saved["shard_size"] != target.shard_size:  # the saved size, checked it fits
             refuse_unless_fits("restore", f"target {target.where}",
-                               _bytes_per_shard(body, target.name, states),
+                               reader.per * reader.slot_bytes,
                                f"{stored.directory!r} holds table {target.name!r} of "
                                f"{saved['num_shards']} x {saved['shard_size']} slots",
                                _devices(target))
@@ -83,16 +83,6 @@ def restore_table(stored: StoredArrays, body: dict, target: TablePart,
             "keep (an abstract target takes the saved size with as many shards)",
             f"{type(x).__name__} leaves")
     return reown(reader, target, states)
-
-
-def _bytes_per_shard(body: dict, name: str, states: list[StatePart]) -> int:
-    """The bytes one shard of the saved table ``name`` and its states' slot arrays take."""
-    table = body["tables"][name]
-    names = [f"{name}.{f}" for f in SLOT_FIELDS] + [
-        n for s in states for n in body["states"][s.name]["slot"]]
-    total = sum(int(np.prod(body["leaves"][n]["shape"], dtype=object)) *
-                jnp.dtype(body["leaves"][n]["dtype"]).itemsize for n in names)
-    return -(-total // table["num_shards"])
 
 
 def _devices(target: TablePart):

@@ -15,12 +15,12 @@ the global count instead (``step + 1``, as optax's ``count``), which is TensorFl
 LazyAdam: rows that were absent for a while are corrected as if they had been updated.
 
 **A slot's state belongs to its key.** Each state with per-slot rows records the key they
-belong to (``owner``, 12 bytes a slot: key words and the slot's epoch). When a new key takes an evicted key's slot
-(``lookup_or_insert`` or ``import_`` after ``evict``, ``evict_lowest``, ``evict_if``), or
-``compact`` moves a key, the slot's first update starts from the initial state (zero
-moments and count, ``initial_accumulator_value``) as for a never-touched row, never from
-the state of the key that was there. A key coming back to its own tombstone keeps its
-state (see :mod:`~jaxops.ops.hashtable.owner`).
+belong to (``owner``, 12 bytes a slot: key words and the slot's epoch). When a new key
+takes an evicted key's slot or an evicted key comes back (``lookup_or_insert`` or
+``import_`` after ``evict``, ``evict_lowest``, ``evict_if``), or ``compact`` moves a key,
+the slot's first update starts from the initial state (zero moments and count,
+``initial_accumulator_value``) as for a never-touched row, never from the state of the key
+(or of the key's earlier life) that was there (see :mod:`~jaxops.ops.hashtable.owner`).
 
 >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
