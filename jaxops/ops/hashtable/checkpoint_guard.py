@@ -10,13 +10,13 @@ nothing behind when it fails.
   replaced whole with it). In a multi-process run only the primary process takes it (the
   others write where it says). No lock file is created: the lock is on the directory.
 - **Only its own files.** A save refuses an existing destination unless ``force=True``, and
-  ``force`` replaces only a checkpoint: a directory holding ``jaxops.json`` and nothing but
-  what Orbax and jaxops write. Anything else (a user's directory, a file) is refused.
+  ``force`` replaces only a checkpoint (a directory holding ``jaxops.json`` and nothing but
+  what Orbax and jaxops write) or an empty directory. Anything else (a user's directory, a
+  file) is refused.
 - **The last checkpoint survives.** ``force`` writes the new checkpoint beside the old
-  (``<path>.jaxops-replacing``) and, once it is committed, exchanges the two atomically
-  and deletes the old: a save killed or failing at any moment leaves the previous
-  checkpoint at ``path`` (Orbax's own ``force`` deletes it first; a multi-process save
-  still uses that).
+  (``<path>.jaxops-replacing``) and, once it is committed, the primary process exchanges
+  the two atomically and deletes the old: a save killed or failing at any moment leaves
+  the previous checkpoint at ``path`` (Orbax's own ``force`` deletes it first).
 - **Nothing left behind.** A save that fails removes its temporary directory, and its error
   names the checkpoint's path (a full disk, a file-size limit).
 
@@ -26,7 +26,7 @@ nothing behind when it fails.
 >>> check_destination(os.path.join(d, "notes"), force=True)
 Traceback (most recent call last):
 ...
-jaxops.core.errors.CheckpointError: save: ... holds 'a.txt', which no checkpoint holds: refusing to replace it (force=True replaces only a checkpoint)
+jaxops.core.errors.CheckpointError: save: ... holds 'a.txt', which no checkpoint holds: refusing to replace it (force=True replaces only a checkpoint or an empty directory)
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ _CHECKPOINT_ENTRIES = {"jaxops.json", "_CHECKPOINT_METADATA", "_METADATA", "_ROO
                        "_sharding", "array_metadatas", "commit_success.txt", "d",
                        "manifest.ocdbt", "descriptor"}
 _PER_PROCESS = re.compile(r"ocdbt\.process_\d+$")
+_REFUSED = "refusing to replace it (force=True replaces only a checkpoint or an empty directory)"
 
 
 class DirectoryTurn:
@@ -97,16 +98,15 @@ def check_destination(path: str, force: bool) -> None:
     mode = os.lstat(path).st_mode
     if not stat.S_ISDIR(mode):
         raise CheckpointError(f"save: {path!r} is not a directory (a file or a link): "
-                              "refusing to replace it (force=True replaces only a checkpoint)")
+                              + _REFUSED)
     names = os.listdir(path)
     for name in names:
         if name not in _CHECKPOINT_ENTRIES and not _PER_PROCESS.match(name):
             raise CheckpointError(f"save: {path!r} holds {name!r}, which no checkpoint holds: "
-                                  "refusing to replace it (force=True replaces only a "
-                                  "checkpoint)")
+                                  + _REFUSED)
     if names and "jaxops.json" not in names:
         raise CheckpointError(f"save: {path!r} is not a jaxops checkpoint (no jaxops.json): "
-                              "refusing to replace it (force=True replaces only a checkpoint)")
+                              + _REFUSED)
 
 
 #: Where ``force=True`` writes the replacement before it takes the old checkpoint's place.
@@ -136,10 +136,8 @@ def _exchange(a: str, b: str) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):  # not glibc 2.28+
         return False
-    at_cwd = -100
-    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    return False  # e.g. a file system without exchange: the fallback
+    at_cwd = -100  # False: e.g. a file system without exchange (the caller falls back)
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
 def remove_temporary(temporary: str) -> None:
