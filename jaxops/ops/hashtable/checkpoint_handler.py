@@ -195,7 +195,8 @@ class Checkpointer(ocp.AsyncCheckpointer):
     (:mod:`~.checkpoint_guard`): saves from other threads and processes into that directory
     wait until this one is committed (``wait_until_finished``, the next ``save`` or
     ``close``); an existing ``path`` is refused, and replaced with ``force=True`` only if
-    it is a checkpoint; a failed save removes its temporary directory."""
+    it is a checkpoint or an empty directory (written beside it, exchanged when committed);
+    a failed save removes its temporary directory."""
 
     def __init__(self, *, multiprocessing_options: ocp.options.MultiprocessingOptions | None
                  = None, **kwargs):
