@@ -36,7 +36,6 @@ Run ``python -m benchmarks --only checkpoint_adversary``.
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
 import random
@@ -47,8 +46,9 @@ import tempfile
 import time
 
 from benchmarks.common import Result
+from jaxops.ops.hashtable.checkpoint_meta import write_meta
 
-__all__ = ["concurrent_saves", "corruption_fuzz", "damaged_copies", "run"]
+__all__ = ["concurrent_saves", "corruption_fuzz", "counterpart", "damaged_copies", "run"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "_checkpoint_child.py")
@@ -90,7 +90,7 @@ def _part(rel: str) -> str:
     return "data" if rel.startswith("d/") or "/d/" in rel else "manifest"
 
 
-def _counterpart(other: str, rel: str, size: int) -> str | None:
+def counterpart(other: str, rel: str, size: int) -> str | None:
     """The file of checkpoint ``other`` in ``rel``'s place: the same name, or (data files
     have random names) the one of the same directory closest in size."""
     if os.path.isfile(os.path.join(other, rel)):
@@ -131,17 +131,16 @@ def _valid(field: str, value) -> bool:
     return False
 
 
-def _resign(data: bytes, rng: random.Random) -> tuple[bytes, str]:
-    """``jaxops.json`` with one table field set to a never-valid value, its SHA-256
-    recomputed (what a forger, not a flipped bit, would write)."""
-    doc = json.loads(data)
-    table = rng.choice(sorted(doc["body"]["tables"].values(), key=str))
+def _resign(case: str, rng: random.Random) -> str:
+    """Sets one table field of ``case``'s ``jaxops.json`` to a never-valid value and signs
+    it again (with jaxops' own writer: what a forger, not a flipped bit, would write)."""
+    body = json.loads(open(os.path.join(case, HEADER), "rb").read())["body"]
+    table = rng.choice(sorted(body["tables"].values(), key=str))
     field = rng.choice(sorted(table))
     value = rng.choice([v for v in NEVER_VALID if v != table[field] and not _valid(field, v)])
     table[field] = value
-    canonical = json.dumps(doc["body"], sort_keys=True, separators=(",", ":")).encode()
-    doc["sha256"] = hashlib.sha256(canonical).hexdigest()
-    return json.dumps(doc).encode(), f"re-signed {field}={value!r}"
+    write_meta(case, body)
+    return f"re-signed {field}={value!r}"
 
 
 def _damage(case: str, other: str, part: str, rng: random.Random) -> str:
@@ -165,7 +164,7 @@ def _damage(case: str, other: str, part: str, rng: random.Random) -> str:
             open(path, "wb").write(swapped)
             return f"exchange {rel} {os.path.relpath(peer, case)}"
     if how == "copy":
-        source = _counterpart(other, rel, len(data))
+        source = counterpart(other, rel, len(data))
         replacement = open(source, "rb").read() if source else b""
         if replacement == data:
             how = "flip"  # the same bytes in both checkpoints: damage it another way
@@ -184,9 +183,7 @@ def _damage(case: str, other: str, part: str, rng: random.Random) -> str:
         open(path, "wb").write(_flip(data, rng, lo, hi))
         return f"flip in a named field of {rel}"
     if how == "resign":
-        forged, what = _resign(data, rng)
-        open(path, "wb").write(forged)
-        return what
+        return _resign(case, rng)
     if not data:
         open(path, "wb").write(b"\0")
         return f"fill empty {rel}"

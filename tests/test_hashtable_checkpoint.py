@@ -9,7 +9,6 @@ are in ``test_hashtable_checkpoint_fresh.py``; 8 shards and 2 processes in
 ``sharded_checks.py`` / ``sharded_multiprocess.py``.
 """
 
-import hashlib
 import json
 import os
 
@@ -24,6 +23,7 @@ import pytest
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError, OpArgumentError, ResourceRequestError
 from jaxops.ops.hashtable import checkpoint_saved
+from jaxops.ops.hashtable.checkpoint_meta import write_meta
 from jaxops.ops.hashtable.checkpoint_tree import parts
 from jaxops.ops.hashtable.checksums import (add_sums, array_sums, chunk_sums, hex_sums,
                                             host_sums)
@@ -450,12 +450,10 @@ def test_checksums_see_flipped_moved_and_missing_words():
 
 
 def _rewrite_meta(path, change):
-    meta = path / "jaxops.json"
-    doc = json.loads(meta.read_text())
-    change(doc["body"])
-    canonical = json.dumps(doc["body"], sort_keys=True, separators=(",", ":")).encode()
-    doc["sha256"] = hashlib.sha256(canonical).hexdigest()
-    meta.write_text(json.dumps(doc))
+    """``change`` the body of ``path``'s jaxops.json and sign it again (a forger's edit)."""
+    body = json.loads((path / "jaxops.json").read_text())["body"]
+    change(body)
+    write_meta(path, body)
 
 
 @pytest.mark.parametrize("change,match", [

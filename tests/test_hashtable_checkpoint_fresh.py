@@ -21,6 +21,7 @@ import pytest
 
 import jaxops.hashtable as ht
 import tests.checkpoint_fresh as fresh
+from benchmarks.checkpoint_adversary import counterpart
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KILLS = 20
@@ -41,15 +42,6 @@ def _files(root) -> list[str]:
                   for f in fs)
 
 
-def _swap_for(other, rel: str, size: int):
-    """The file of ``other`` that takes the place of ``rel``: the same name, or (data files
-    have random names) the one of its directory closest in size."""
-    if (other / rel).exists():
-        return other / rel
-    near = [other / os.path.dirname(rel) / n for n in os.listdir(other / os.path.dirname(rel))]
-    return min(near, key=lambda p: abs(p.stat().st_size - size), default=None)
-
-
 def _damaged_copies(intact, other, cases) -> dict[str, str]:
     """Copies of ``intact`` with one file damaged each: bytes flipped at spread places,
     truncated, or swapped in from ``other`` (the same run, another step)."""
@@ -61,9 +53,9 @@ def _damaged_copies(intact, other, cases) -> dict[str, str]:
         damages = {f"flip{k}": lambda d, at=at: d[:at] + bytes([d[at] ^ 0x10]) + d[at + 1:]
                    for k, at in enumerate(sorted({*spread, len(data) - 1})) if data}
         damages["half"] = lambda d: d[:len(d) // 2]
-        swap = _swap_for(other, rel, len(data))
-        if swap is not None and swap.read_bytes() != data:
-            damages["swap"] = lambda d, swap=swap: swap.read_bytes()
+        swap = counterpart(str(other), rel, len(data))
+        if swap is not None and open(swap, "rb").read() != data:
+            damages["swap"] = lambda d, swap=swap: open(swap, "rb").read()
         for kind, damage in damages.items():
             name = f"{i:03d}-{kind}"
             shutil.copytree(intact, cases / name)
