@@ -45,20 +45,24 @@ inline uint64_t byte_bits(const uint8_t* bytes) {
 }
 
 // Calls emit(k, i) for the k-th set position i while k < capacity and returns the number
-// of set positions. On the generic path emit also runs for unset positions (its slot is
-// overwritten by the next set one or filled afterwards): branch-free, so the loop does not
-// mispredict on random masks. `bytes` (optional) is a one-byte-per-element mask, read 64
-// elements at a time as a bit mask whose set bits are visited directly (2x faster than
-// the byte loop at 10% density, measured on 16M elements).
+// of set positions. emit only ever writes slots below `capacity`: on the generic path it
+// also runs for unset positions (branch-free, so the loop does not mispredict on random
+// masks), at the slot the next set position will overwrite, so a caller whose slots past
+// its own results belong to someone else passes its own count as the capacity.
+// `bytes` (optional) is a one-byte-per-element mask, read 64 elements at a time as a bit
+// mask whose set bits are visited directly (2x faster than the byte loop at 10% density,
+// measured on 16M elements).
 template <typename Pred, typename Emit>
 int64_t compact(int64_t n, const uint8_t* bytes, Pred is_set, Emit emit, int64_t capacity) {
   int64_t k = 0, i = 0;
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte_bits reads little-endian words");
   if (bytes != nullptr) {
-    for (; i + 64 <= n && k + 64 <= capacity; i += 64) {
+    for (; i + 64 <= n && k + 64 <= capacity; i += 64)  // a whole word fits: no bound test
       for (uint64_t bits = byte_bits(bytes + i); bits != 0; bits &= bits - 1)
         emit(k++, i + __builtin_ctzll(bits));
-    }
+    for (; i + 64 <= n && k < capacity; i += 64)  // the words that reach the capacity
+      for (uint64_t bits = byte_bits(bytes + i); bits != 0; bits &= bits - 1, ++k)
+        if (k < capacity) emit(k, i + __builtin_ctzll(bits));
   }
   for (; i < n && k < capacity; ++i) {
     emit(k, i);
@@ -70,12 +74,23 @@ int64_t compact(int64_t n, const uint8_t* bytes, Pred is_set, Emit emit, int64_t
   return k;
 }
 
-// Elements per compacting thread at least (below: one thread).
+// Elements per compacting part at least (below: one part), and the most parts: the parts
+// follow the size alone, not the machine, so every machine runs (and the tests check) the
+// same split; XLA's threads claim them (parallel.h), at most one task per thread.
 constexpr int64_t kCompactGrain = int64_t{1} << 18;
+constexpr int64_t kMostCompactParts = 64;
+
+// The runner compact_on splits n elements with.
+inline OnPool compacting_parts(ffi::ThreadPool& pool, int64_t n) {
+  return OnPool{&pool, std::clamp<int64_t>(n / kCompactGrain, 1, kMostCompactParts),
+                std::max<int64_t>(pool.num_threads(), 1) - 1};
+}
 
 // compact() split among the runner's parts: each part counts the set positions of its
 // stretch (64-aligned), then emits its own from its first output place on, so the output
-// is the one-thread output, in the same order.
+// is the one-thread output, in the same order. A part's capacity is its own count (cut
+// where the output ends): compact's writes at unset positions must not reach the next
+// part's first slot, which another thread writes at the same time.
 template <typename Pred, typename Emit>
 int64_t compact_on(const OnPool& run, int64_t n, const uint8_t* bytes, Pred is_set, Emit emit,
                    int64_t capacity) {
@@ -92,8 +107,8 @@ int64_t compact_on(const OnPool& run, int64_t n, const uint8_t* bytes, Pred is_s
   run([&](int64_t p) { start[p + 1] = stretch(p, 0, [](int64_t, int64_t) {}); });  // counts
   for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
   run([&](int64_t p) {
-    if (start[p] < capacity)
-      stretch(p, capacity - start[p], [&](int64_t k, int64_t i) { emit(start[p] + k, i); });
+    const int64_t room = std::min(capacity, start[p + 1]) - start[p];
+    if (room > 0) stretch(p, room, [&](int64_t k, int64_t i) { emit(start[p] + k, i); });
   });
   return start[parts];
 }
@@ -162,7 +177,7 @@ ffi::Error nonzero_impl(const ffi::AnyBuffer& x, Idx* out, int32_t* count, int64
   const int64_t batch = product(dims, 0, lead), n = product(dims, lead, dims.size());
   // Where slot k of coordinate d lives in one batch element's output block.
   const int64_t slot_stride = transpose ? rank : 1, coord_stride = transpose ? 1 : capacity;
-  const OnPool run{&pool, parts_for(pool, n, kCompactGrain)};
+  const OnPool run = compacting_parts(pool, n);
   for (int64_t b = 0; b < batch; ++b) {
     Idx* o = out + b * rank * capacity;
     int64_t found = 0;
@@ -218,7 +233,7 @@ ffi::Error NonZero(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
 template <typename W>
 void masked_select_impl(const W* x, const uint8_t* mask, W* y, int32_t* count, int64_t batch,
                         int64_t n, int64_t capacity, ffi::ThreadPool& pool) {
-  const OnPool run{&pool, parts_for(pool, n, kCompactGrain)};
+  const OnPool run = compacting_parts(pool, n);
   for (int64_t b = 0; b < batch; ++b) {
     const W* xb = x + b * n;
     const uint8_t* mb = mask + b * n;

@@ -74,18 +74,20 @@ void run_parts(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body,
   if (state->failed) throw std::bad_alloc();
 }
 
-// A runner of `parts` parts on the pool (run(body) is run_parts(pool, parts, body)), for
-// code written against a runner (radix_sort.h's OneThread is the one-thread one).
-// ranges(n, body) calls body(begin, end) on disjoint ranges covering [0, n), one per part.
+// A runner of `parts` parts on the pool (run(body) is run_parts(pool, parts, body,
+// helpers)), for code written against a runner (radix_sort.h's OneThread is the
+// one-thread one). ranges(n, body) calls body(begin, end) on disjoint ranges covering
+// [0, n), one per part.
 struct OnPool {
   xla::ffi::ThreadPool* pool;
   int64_t count;
+  int64_t helpers = -1;  // pool tasks at most (-1: one per part but the caller's)
   int64_t parts() const { return count; }
   template <typename Body>
-  void operator()(const Body& body) const { run_parts(*pool, count, body); }
+  void operator()(const Body& body) const { run_parts(*pool, count, body, helpers); }
   template <typename Body>
   void ranges(int64_t n, const Body& body) const {
-    run_parts(*pool, count, [&](int64_t p) { body(n * p / count, n * (p + 1) / count); });
+    (*this)([&](int64_t p) { body(n * p / count, n * (p + 1) / count); });
   }
 };
 
