@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxops import cli, golden
+from jaxops.core.errors import OpArgumentError
 
 
 def run(argv, capsys):
@@ -151,7 +152,7 @@ def test_golden_detects_a_tampered_case(tmp_path):
     arrays["outshape"][1] += 1
     desc = {k: v for k, v in case.items() if k != "arrays"}
     np.savez(path, **arrays, description=np.frombuffer(json.dumps(desc).encode(), np.uint8))
-    with pytest.raises(AssertionError, match="outshape differs"):
+    with pytest.raises(AssertionError, match="output selected_indices: OP_OUTSHAPE shape"):
         golden.check_case(path)
 
 
@@ -274,5 +275,6 @@ def test_golden_table_operators(op, tmp_path):
     if op == "EmbeddingHashTableLookupOrInsert":  # rows returned are the rows now in the slots
         slots = arrays["output_info"]
         np.testing.assert_array_equal(arrays["output_values"], np.asarray(after.values)[slots])
-    with jax.enable_x64(True):  # the same case with x64 on
-        assert golden.check_case(path)
+    # no independent reference of the table operators yet: a check says so, never passes
+    with pytest.raises(OpArgumentError, match="no independent reference yet"):
+        golden.check_case(path)

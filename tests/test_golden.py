@@ -2,6 +2,7 @@
 
 import ast
 import inspect
+import json
 import pathlib
 
 import numpy as np
@@ -14,6 +15,7 @@ from jaxops.core import errors as core_errors
 from jaxops.core.errors import (DuplicateOpError, OpArgumentError, UnknownAttrError,
                                 UnknownOpError)
 from jaxops.core.registry import AttrDef, get_op
+from tests.util import expected_truncation
 
 GOLDEN = pathlib.Path(golden.__file__).parent
 
@@ -113,3 +115,84 @@ def test_jaxops_errors_reexports_every_exception_class():
         assert getattr(jaxops.errors, name) is getattr(core_errors, name)
     assert issubclass(core_errors.UsageError, core_errors.JaxopsError)
     assert issubclass(core_errors.BenchmarksNotFound, core_errors.JaxopsError)
+
+
+# Cases of every operator with an independent reference, at attrs and input dtypes that
+# change what the reference must model (cuts by size, layouts, box codings, NaN rules).
+REFERENCE_CASES = [
+    ("NonZero", {}, None, None), ("NonZero", {"transpose": True, "size": 5}, (3, 7), "float16"),
+    ("NonZero", {}, (4, 4), "bfloat16"),
+    ("Unique", {}, None, None), ("Unique", {"sorted": False, "size": 3}, None, None),
+    ("Unique", {"axis": 0}, (6, 3), "int32"), ("Unique", {"equal_nan": False}, (50,), "float16"),
+    ("UniqueConsecutive", {}, None, None), ("UniqueConsecutive", {"size": 4}, None, None),
+    ("MaskedSelect", {}, None, None), ("MaskedSelect", {"size": 5}, (4, 5), "bfloat16"),
+    ("NonMaxSuppression", {}, None, None), ("NonMaxSuppression", {"size": 7}, None, None),
+    ("NonMaxSuppression", {"center_point_box": 1}, None, None),
+    ("BatchedNMS", {}, None, None),
+    ("BatchedNMS", {"max_output_size": 5, "score_threshold": 0.3}, None, None),
+    ("EfficientNMS", {}, None, None), ("EfficientNMS", {"class_agnostic": True, "pre_nms_top_k": 20}, None, None),
+    ("EfficientNMS", {"box_coding": 1}, None, None),
+]
+
+
+@pytest.mark.parametrize("op, attrs, shape, dtype", REFERENCE_CASES, ids=lambda v: str(v))
+def test_cases_agree_with_the_independent_reference(op, attrs, shape, dtype, tmp_path):
+    for seed in range(2):
+        with expected_truncation():
+            path = golden.write_case(op, seed, tmp_path / f"{seed}.npz", attrs, shape, dtype)
+        assert golden.check_case(path)
+
+
+def _rewrite(path, change) -> None:
+    """Applies ``change(arrays, description)`` to a written case, in place."""
+    case = golden.load_case(path)
+    arrays = {k: v.copy() for k, v in case["arrays"].items()}
+    description = {k: v for k, v in case.items() if k != "arrays"}
+    change(arrays, description)
+    np.savez(path, **arrays, description=np.frombuffer(json.dumps(description).encode(), np.uint8))
+
+
+@pytest.mark.parametrize("op, output", [("NonZero", "y"), ("Unique", "counts"),
+                                         ("MaskedSelect", "y"), ("BatchedNMS", "keep")])
+def test_check_finds_a_wrong_element_and_wrong_padding(op, output, tmp_path):
+    """What the NonZero race wrote (one index replaced by its neighbour's) fails the check,
+    and so does a padding element that is not the fill value."""
+    path = golden.write_case(op, 0, tmp_path / "c.npz")
+    desc = golden.load_case(path)["outputs"]
+    n = int(np.prod([d for d in desc if d["name"] == output][0]["actual_shape"]))
+
+    def neighbour(arrays, _):
+        flat = arrays[f"output_{output}"].reshape(-1)
+        flat[1] = flat[0] if flat[1] != flat[0] else flat[1] + 1
+
+    _rewrite(path, neighbour)
+    with pytest.raises(AssertionError, match=f"output {output}: element"):
+        golden.check_case(path)
+    path = golden.write_case(op, 0, tmp_path / "c.npz")
+    _rewrite(path, lambda arrays, _: arrays[f"output_{output}"].reshape(-1).__setitem__(n, 7))
+    with pytest.raises(AssertionError, match=f"output {output}: padding element {n}"):
+        golden.check_case(path)
+
+
+def test_check_finds_a_wrong_actual_shape(tmp_path):
+    path = golden.write_case("NonZero", 0, tmp_path / "c.npz")
+
+    def shorter(_, description):
+        description["outputs"][0]["actual_shape"][1] -= 1
+
+    _rewrite(path, shorter)
+    with pytest.raises(AssertionError, match="output y: actual shape"):
+        golden.check_case(path)
+
+
+def test_references_use_no_kernel_of_the_library():
+    """The references are other code than the kernels they check: numpy and the library's
+    error type only."""
+    imported = _imports(GOLDEN / "references.py") - {"__future__"}
+    assert imported <= {"numpy", "collections.abc", "typing", "jaxops.core.errors"}, imported
+
+
+def test_operators_without_a_reference_are_refused_not_passed(tmp_path):
+    path = golden.write_case("EmbeddingHashTableExport", 0, tmp_path / "e.npz")
+    with pytest.raises(OpArgumentError, match="no independent reference yet"):
+        golden.check_case(path)

@@ -13,7 +13,8 @@ The package sits below ``tracing``: it runs each operator's OpDef directly.
 
 - :mod:`jaxops.golden.specs` — the table of per-operator specs (:func:`golden_case`);
 - :mod:`jaxops.golden.cases` — making, writing and reading a case;
-- :mod:`jaxops.golden.check` — recomputing a case and comparing it;
+- :mod:`jaxops.golden.references` — independent numpy references of the operators;
+- :mod:`jaxops.golden.check` — checking a case against its operator's reference;
 - ``ops_specs``, ``hashtable_specs`` — the specs themselves (registered on import).
 
 >>> import tempfile, os
@@ -21,7 +22,7 @@ The package sits below ``tracing``: it runs each operator's OpDef directly.
 >>> case = load_case(path)
 >>> case["op"], sorted(case["arrays"])[:3]
 ('NonZero', ['input_x', 'output_y', 'outshape'])
->>> check_case(path)   # recompute with jaxops and compare everything
+>>> check_case(path)   # against an independent numpy reference, not the kernel
 True
 """
 
