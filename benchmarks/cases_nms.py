@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 import jaxops
-from benchmarks.common import Result, compare
+from benchmarks.common import Result, against, compare
 from tests.cases.nms import clear_low_bits, ort_feeds, ort_session  # the tests' oracle
 
 
@@ -41,13 +41,12 @@ def _case(name: str, boxes: np.ndarray, scores: np.ndarray, max_out: int, iou: f
                                    iou_threshold=iou, impl_mode=mode))
     dev_boxes, dev_scores = jax.device_put(boxes), jax.device_put(scores)
     oracle = feeds if mode != "high_performance" else {**feeds, "scores": clear_low_bits(scores)}
+    # ours is checked against onnxruntime on the scores its mode compares (high_performance
+    # drops low mantissa bits); the timed peer always runs on the original scores
     want = session.run(None, oracle)[0]
-    got = jaxops.refresh(fn(dev_boxes, dev_scores))
-    if not np.array_equal(got.astype(np.int64), want):  # a fast wrong answer is no result
-        raise AssertionError(f"{name}: jaxops and onnxruntime disagree")
     return compare(name, lambda: fn(dev_boxes, dev_scores), "onnxruntime NMS",
                    lambda: session.run(None, feeds), target=target, repeats=repeats,
-                   note=f"{len(want)} kept")  # the peer always runs on the original scores
+                   note=f"{len(want)} kept", check=against(want))
 
 
 def run(quick: bool = False) -> list[Result]:

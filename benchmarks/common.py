@@ -6,6 +6,13 @@ machines are noisy; ratios are what we compare). The table's ``spread`` column i
 interquartile range of the ratios of the interleaved pairs, its ``best`` column the ratio of
 the fastest repeats, the steadier figure when other load inflates the medians; targets are
 judged on the median ratio.
+
+Nothing is timed unchecked: :func:`compare` runs each side once and hands both outputs to
+the case's ``check`` before any warm-up, and a wrong answer raises instead of a row (a fast
+wrong answer is no result). The checks below compare exactly (or within a tolerance) after
+:func:`jaxops.refresh`, DynArray padding included; a case whose peer computes something else
+(a speed baseline) checks ours against its own independent reference (numpy, onnxruntime,
+optax), never a kernel against itself.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 
 HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
@@ -110,10 +118,170 @@ class Result:
         return d
 
 
+#: ``check(ours_out, peer_out)``: raises AssertionError when a result is wrong
+Check = Callable[[Any, Any], None]
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _padding_is_fill(tree: Any, what: str) -> None:
+    """Raises unless every DynArray in ``tree`` holds its ``fill_value`` beyond its actual
+    shape (the documented padding, which refresh would slice away unseen)."""
+    from jaxops import DynArray
+
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, DynArray)):
+        if isinstance(leaf, DynArray):
+            np.testing.assert_array_equal(
+                np.asarray(leaf.data), np.asarray(leaf.valid_data()),
+                err_msg=f"{what}: padding is not the fill value {leaf.fill_value!r}")
+
+
+def assert_same(got: Any, want: Any, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Raises AssertionError (naming ``what``) unless ``got`` and ``want`` hold the same
+    arrays leaf by leaf (pytrees of any container types) after :func:`jaxops.refresh`:
+    equal shapes, and values equal exactly, or within ``rtol`` / ``atol`` (then a NaN is a
+    mismatch). DynArrays must also hold their fill value in their padding."""
+    from jaxops import refresh
+
+    _padding_is_fill(got, what)
+    _padding_is_fill(want, what)
+    a, b = (jax.tree_util.tree_leaves(refresh(t)) for t in (got, want))
+    if len(a) != len(b):
+        raise AssertionError(f"{what}: {len(a)} output arrays, expected {len(b)}")
+    for i, (x, y) in enumerate(zip(a, b)):
+        x, y, msg = np.asarray(x), np.asarray(y), f"{what}, output {i}"
+        if x.shape != y.shape:
+            raise AssertionError(f"{msg}: shape {x.shape}, expected {y.shape}")
+        if rtol or atol:
+            np.testing.assert_allclose(x, y, rtol, atol, equal_nan=False, err_msg=msg)
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=msg)
+
+
+def agree(view: Callable[[Any], Any] = _identity, peer_view: Callable[[Any], Any] = _identity,
+          rtol: float = 0.0, atol: float = 0.0) -> Check:
+    """The check for a peer that computes the same thing: ``view(ours)`` equals
+    ``peer_view(peer)`` (the views bring both to one layout, e.g. padding numpy's answer)."""
+    def check(ours: Any, peer: Any) -> None:
+        assert_same(view(ours), peer_view(peer), "ours vs the peer", rtol, atol)
+    return check
+
+
+#: ours and the peer give the same arrays, exactly
+same_result = agree()
+
+
+def close_result(rtol: float, atol: float = 0.0) -> Check:
+    """ours and the peer give the same arrays within a tolerance (float reductions)."""
+    return agree(rtol=rtol, atol=atol)
+
+
+def against(reference: Any, peer_reference: Any = None, *,
+            view: Callable[[Any], Any] = _identity, peer_view: Callable[[Any], Any] = _identity,
+            rtol: float = 0.0, atol: float = 0.0) -> Check:
+    """The check for a peer whose output is no reference for ours (a speed baseline such as
+    ``jnp.take`` beside ``find``, or another computation): ``view(ours)`` against the case's
+    own independent ``reference`` (numpy, a dict, onnxruntime); with ``peer_reference``,
+    ``peer_view(peer)`` against it too."""
+    def check(ours: Any, peer: Any) -> None:
+        assert_same(view(ours), reference, "ours vs the reference", rtol, atol)
+        if peer_reference is not None:
+            assert_same(peer_view(peer), peer_reference, "the peer vs its reference", rtol,
+                        atol)
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    """Every one of ``checks``, in order."""
+    def check(ours: Any, peer: Any) -> None:
+        for c in checks:
+            c(ours, peer)
+    return check
+
+
+def table_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A hash table's live keys (int64, ascending) and their rows, read on the host from its
+    slot arrays, with no probing: the reference hash-table cases are checked against. A
+    ShardedHashTable's shards are read together."""
+    import jaxops.hashtable as ht
+
+    t = getattr(table, "shards", table)
+    lo, hi, flags, values = (np.asarray(a) for a in jax.device_get(
+        (t.key_lo, t.key_hi, t.flags, t.values)))
+    keys = ((hi.reshape(-1).astype(np.uint64) << np.uint64(32))
+            | lo.reshape(-1).astype(np.uint64)).view(np.int64)
+    flags = flags.reshape(-1)
+    live = ((flags & ht.cann.VALID) != 0) & ((flags & ht.cann.EVICTED) == 0)
+    order = np.argsort(keys[live])
+    return keys[live][order], values.reshape(keys.size, -1)[live][order]
+
+
+def table_rows(table: Any, keys: np.ndarray, default: float = 0.0
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """numpy ``find``: the rows of ``keys`` in ``table`` (``default`` where absent) and
+    whether each is held, from :func:`table_contents`."""
+    held, rows = table_contents(table)
+    at = np.minimum(np.searchsorted(held, keys), max(held.size - 1, 0))
+    found = held[at] == keys if held.size else np.zeros(np.shape(keys), bool)
+    return np.where(found[:, None], rows[at], np.float32(default)), found
+
+
+def assert_table(table: Any, keys: np.ndarray, what: str, rows: np.ndarray | None = None,
+                 rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Raises unless ``table`` holds exactly the distinct ``keys`` and, when given, ``rows``
+    (in ascending key order)."""
+    held, held_rows = table_contents(table)
+    assert_same(held, np.unique(keys), f"{what}: the keys held")
+    if rows is not None:
+        assert_same(held_rows, rows, f"{what}: the rows held", rtol, atol)
+
+
+def holds_keys(keys: np.ndarray, peer_keys: np.ndarray | None = None,
+               view: Callable[[Any], Any] = _identity) -> Check:
+    """The check for inserts: ``view(ours)`` is a table holding exactly ``keys`` (nothing
+    dropped, nothing extra); with ``peer_keys``, ``view(peer)`` holds exactly those."""
+    def check(ours: Any, peer: Any) -> None:
+        assert_table(view(ours), keys, "ours")
+        if peer_keys is not None:
+            assert_table(view(peer), peer_keys, "the peer")
+    return check
+
+
+def adam_first_step(rows: np.ndarray, index: np.ndarray, grads: np.ndarray, lr: float,
+                    eps: float = 1e-8) -> np.ndarray:
+    """numpy: ``rows`` after one bias-corrected Adam step from zero moments, the gradients of
+    equal ``index`` summed first (``optax.adam``'s first step is ``lr * g / (|g| + eps)``);
+    rows without a gradient stay."""
+    g = np.zeros(rows.shape, np.float64)
+    np.add.at(g, index, grads)
+    return (rows - lr * g / (np.abs(g) + eps)).astype(np.float32)
+
+
+def _checked(name: str, peer_name: str, check: Check, ours: Callable[[], Any],
+             peer: Callable[[], Any], reset: Callable[[], Any]) -> None:
+    """One call of each side, then ``check`` on both outputs: nothing is timed before the
+    results are known right."""
+    _block(reset())
+    got = _block(ours())
+    _block(reset())
+    theirs = _block(peer())
+    try:
+        check(got, theirs)
+    except AssertionError as e:
+        raise AssertionError(f"{name} vs {peer_name}: wrong result, not timed: {e}") from e
+
+
 def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[], Any],
             target: float | None = None, repeats: int = 7, note: str = "", warmup: int = 5,
-            reset: Callable[[], Any] | None = None) -> Result:
-    """Times ``ours`` and ``peer`` interleaved (ours, peer, ours, …) and returns the Result.
+            reset: Callable[[], Any] | None = None, *, check: Check) -> Result:
+    """Checks, then times ``ours`` and ``peer`` interleaved (ours, peer, ours, …) and
+    returns the Result.
+
+    ``check(ours_out, peer_out)`` (required) gets one output of each side, from one call of
+    each before anything else, and raises AssertionError when a result is wrong; the error
+    names the case (see :func:`same_result`, :func:`against`).
 
     The ``warmup`` pairs run first, untimed: the first few calls after building large
     inputs run while the allocator is still growing its arenas (measured here: find and
@@ -122,6 +290,7 @@ def compare(name: str, ours: Callable[[], Any], peer_name: str, peer: Callable[[
     change their own input (an insert), so every timed call starts from the same state.
     """
     reset = reset or (lambda: None)
+    _checked(name, peer_name, check, ours, peer, reset)
     for _ in range(warmup):
         _block(reset())
         _block(ours())

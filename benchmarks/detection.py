@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxops
-from benchmarks.common import Result, compare
+from benchmarks.common import Check, Result, against, all_of, compare
 from tests.cases.nms import ort_feeds, ort_session
 
 THRESHOLD, PER_CLASS, PER_IMAGE = 0.25, 300, 300
@@ -104,6 +104,42 @@ def _as_sets(per_image) -> list[set]:
     return [set(zip(np.asarray(c).tolist(), np.asarray(i).tolist())) for c, i in per_image]
 
 
+def _route_check(want: np.ndarray) -> Check:
+    """ours (the route) gives ``want``, ONNX Runtime's rows capped per image, and was not
+    cut by a capacity."""
+    def check(got, peer):
+        if bool(got.overflowed()):
+            raise AssertionError("the output overflowed its capacity")
+        against(want)(got, peer)
+    return check
+
+
+def _torchvision_check(want: np.ndarray, batch: int) -> Check:
+    """The peer (torchvision) keeps the same (class, box) pairs per image as ``want``."""
+    def check(ours, got):
+        if _as_sets(got) != [{(int(r[1]), int(r[2])) for r in want if r[0] == i}
+                             for i in range(batch)]:
+            raise AssertionError("torchvision and onnxruntime disagree")
+    return check
+
+
+def _efficient_check(want: np.ndarray, boxes: np.ndarray, scores: np.ndarray) -> Check:
+    """ours (efficient_nms) gives, per image, ONNX Runtime's detections as (class, score,
+    box) sets, with no candidate cut."""
+    def check(out, peer):
+        got = jax.device_get(out)
+        for i in range(boxes.shape[0]):
+            k = int(got.num_detections[i, 0])
+            mine = {(int(cl), float(sc), *map(float, bx)) for cl, sc, bx in zip(
+                got.detection_classes[i, :k], got.detection_scores[i, :k],
+                got.detection_boxes[i, :k])}
+            theirs = {(int(r[1]), float(scores[i, r[1], r[2]]), *map(float, boxes[i, r[2]]))
+                      for r in want if r[0] == i}
+            if mine != theirs or int(got.candidates_cut[i, 0]):
+                raise AssertionError(f"image {i}: not onnxruntime's detections")
+    return check
+
+
 def workload(name: str, shape: tuple, iou: float, rng, repeats: int,
              targets: bool = True) -> list[Result]:
     b, n, c, top_k = shape
@@ -112,58 +148,45 @@ def workload(name: str, shape: tuple, iou: float, rng, repeats: int,
     session, feeds = ort_session(0, True), ort_feeds(boxes, scores, PER_CLASS, iou, THRESHOLD)
     want = capped(session.run(None, feeds)[0], scores)
     dev = jax.device_put(boxes), jax.device_put(scores)
+    routed, efficient_ok = _route_check(want), _efficient_check(want, boxes, scores)
 
     def route(backend):
         fn = jax.jit(functools.partial(
             jaxops.non_max_suppression, max_output_boxes_per_class=PER_CLASS, iou_threshold=iou,
             score_threshold=THRESHOLD, max_detections=PER_IMAGE, pre_nms_top_k=top_k,
             backend=backend))
-        got = fn(*dev)
-        if bool(got.overflowed()) or not np.array_equal(jaxops.refresh(got).astype(np.int64), want):
-            raise AssertionError(f"{tag} on {backend or 'default'}: jaxops and onnxruntime "
-                                 "disagree")  # a fast wrong answer is no result
         return lambda: fn(*dev)
 
-    def efficient(backend):
+    def efficient(backend):  # >= the next float above 0.25 is ONNX's > 0.25
         fn = jax.jit(lambda bx, sc: jaxops.efficient_nms(
             bx, jnp.swapaxes(sc, 1, 2), max_output_boxes=PER_IMAGE, iou_threshold=iou,
             score_threshold=float(np.nextafter(np.float32(THRESHOLD), np.float32(1))),
             pre_nms_top_k=top_k, backend=backend))
-        got = jax.device_get(fn(*dev))  # >= the next float above 0.25 is ONNX's > 0.25
-        for i in range(b):
-            k = int(got.num_detections[i, 0])
-            mine = {(int(cl), float(sc), *map(float, bx)) for cl, sc, bx in zip(
-                got.detection_classes[i, :k], got.detection_scores[i, :k],
-                got.detection_boxes[i, :k])}
-            theirs = {(int(r[1]), float(scores[i, r[1], r[2]]), *map(float, boxes[i, r[2]]))
-                      for r in want if r[0] == i}
-            if mine != theirs or int(got.candidates_cut[i, 0]):
-                raise AssertionError(f"{tag} efficient_nms on {backend}: not ORT's detections")
         return lambda: fn(*dev)
 
     ort = (lambda: session.run(None, feeds))
-    results = [compare(f"{tag} route [default]", route(None), "onnxruntime NMS", ort,
-                       0.8 if targets else None, repeats)]
-    xla = route("xla")
+    default, xla = route(None), route("xla")
+    results = [compare(f"{tag} route [default]", default, "onnxruntime NMS", ort,
+                       0.8 if targets else None, repeats, check=routed)]
     tv = _torchvision_route()
     if tv is not None:
         torch, tv_route = tv
         tb, ts = torch.from_numpy(boxes), torch.from_numpy(scores)
-        if _as_sets(tv_route(tb, ts, iou)) != [
-                {(int(r[1]), int(r[2])) for r in want if r[0] == i} for i in range(b)]:
-            raise AssertionError(f"{tag}: torchvision and onnxruntime disagree")
+        both = all_of(routed, _torchvision_check(want, b))
         results.append(compare(f"{tag} route [xla]", xla, "torchvision 1 thread",
-                               lambda: tv_route(tb, ts, iou), 3.0 if targets else None, repeats))
-        results.append(compare(f"{tag} route [default]", route(None), "torchvision 1 thread",
-                               lambda: tv_route(tb, ts, iou), None, repeats))
+                               lambda: tv_route(tb, ts, iou), 3.0 if targets else None, repeats,
+                               check=both))
+        results.append(compare(f"{tag} route [default]", default, "torchvision 1 thread",
+                               lambda: tv_route(tb, ts, iou), None, repeats, check=both))
     else:
         print("torchvision not installed: the xla route is timed against onnxruntime only")
-    results.append(compare(f"{tag} route [xla]", xla, "onnxruntime NMS", ort, None, repeats))
+    results.append(compare(f"{tag} route [xla]", xla, "onnxruntime NMS", ort, None, repeats,
+                           check=routed))
     from jaxops import native
 
     for backend in ("native", "xla") if native.available() else ("xla",):
         results.append(compare(f"{tag} efficient_nms [{backend}]", efficient(backend),
-                               "onnxruntime NMS", ort, None, repeats))
+                               "onnxruntime NMS", ort, None, repeats, check=efficient_ok))
     return results
 
 

@@ -17,12 +17,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxops
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare
+from benchmarks.common import (Result, against, agree, assert_table, compare, holds_keys,
+                               table_rows)
 
 
 def _words(keys: np.ndarray) -> ht.words.Words64:
     return ht.words.as_words(keys, "benchmark", "keys")
+
+
+def _joined(pairs: np.ndarray) -> np.ndarray:
+    """uint32 ``[n, 2]`` (lo, hi) word pairs, as export gives counters with x64 off, as
+    uint64."""
+    return ht.words.to_host_int64(ht.words.Words64(pairs[:, 0], pairs[:, 1]), signed=False)
 
 
 def run(quick: bool = False) -> list[Result]:
@@ -37,12 +45,15 @@ def run(quick: bool = False) -> list[Result]:
     insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0])
     new_keys = _words(keys)
     table = jax.block_until_ready(insert(empty, new_keys))
-    assert int(table.live) == batch and int(table.dropped) == 0
+    assert_table(table, keys, "the table find reads")
 
     find = jax.jit(lambda t, k: ht.find(t, k)[0])
-    present = _words(rng.permutation(keys))
-    half = _words(np.concatenate([rng.choice(keys, batch // 2, replace=False),
-                                  absent[:batch // 2]]))
+    order = rng.permutation(keys)
+    mixed = np.concatenate([rng.choice(keys, batch // 2, replace=False), absent[:batch // 2]])
+    present, half = _words(order), _words(mixed)
+    # find's references: the rows read from the slot arrays on the host (0 where absent),
+    # not jnp.take's answer, which is a speed baseline
+    rows_present, rows_half = (against(table_rows(table, k)[0]) for k in (order, mixed))
     dense = jnp.asarray(init)
     rows = jnp.asarray(rng.integers(0, size, batch).astype(np.int32))
     take = jax.jit(lambda d, i: jnp.take(d, i, axis=0))
@@ -52,14 +63,16 @@ def run(quick: bool = False) -> list[Result]:
     results = [
         compare(f"find {n} present keys", lambda: find(table, present), "jnp.take rows",
                 lambda: take(dense, rows), target=3.0, repeats=repeats,
-                note="target: >= 1/3 of take's rows/s"),
+                note="target: >= 1/3 of take's rows/s", check=rows_present),
         compare(f"find {n} present keys", lambda: find(table, present), "jnp.take(mode=clip)",
-                lambda: take_clip(dense, rows), repeats=repeats, note="the fastest take"),
+                lambda: take_clip(dense, rows), repeats=repeats, note="the fastest take",
+                check=rows_present),
         compare(f"find {n} keys, half absent", lambda: find(table, half), "jnp.take rows",
-                lambda: take(dense, rows), repeats=repeats),
+                lambda: take(dense, rows), repeats=repeats, check=rows_half),
     ]
     ins = compare(f"lookup_or_insert {n} new keys", lambda: insert(empty, new_keys),
-                  f"find {n} present keys", lambda: find(table, present), repeats=repeats)
+                  f"find {n} present keys", lambda: find(table, present), repeats=repeats,
+                  check=holds_keys(keys))  # the find peer is checked in the rows above
     ins.note = (f"{batch / ins.ours_s / 1e6:.2f} M keys/s "
                 f"(find: {batch / ins.peer_s / 1e6:.2f} M keys/s)")
     results.append(ins)
@@ -74,6 +87,10 @@ def run(quick: bool = False) -> list[Result]:
         mask = ((h_flags & ht.cann.VALID) != 0) & ((h_flags & ht.cann.EVICTED) == 0)
         return h_keys[mask], h_counters[mask], (h_flags[mask] & ht.cann.FILTER) != 0, h_values[mask]
 
+    def on_host(out):  # ours as numpy gives it: keys int64, counters uint64, filter bool
+        _, keys, counters, filters, values = jaxops.refresh(out)
+        return ht.host_keys(table, keys), _joined(counters), filters != 0, values
+
     results.append(compare(f"export {n} live entries", lambda: export(table), "numpy bool mask",
-                           numpy_export, target=3.0, repeats=repeats))
+                           numpy_export, target=3.0, repeats=repeats, check=agree(view=on_host)))
     return results

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare
+from benchmarks.common import Result, adam_first_step, against, compare
 
 
 def _looping(step: Callable[..., tuple], carry: tuple, *args: Any) -> Callable[[], Any]:
@@ -50,12 +50,14 @@ def run(quick: bool = False) -> list[Result]:
     grads = jnp.asarray(rng.standard_normal((batch, dim)).astype(np.float32))
     n = f"{batch / 1000:g}K"
 
-    adam = ht.optim.adam(1e-3)
-    ours = _looping(jax.jit(adam.update, donate_argnums=(0, 1)),
-                    (table, adam.init(table)), slots, grads)
+    # Every compare starts its sides from copies of this table, so its check sees each
+    # side's first step, which numpy computes independently (below).
+    def copied():
+        return jax.tree.map(jnp.array, table)
 
-    tx = optax.adam(1e-3)
-    dense = jnp.array(table.values)
+    adam, rowwise, tx = ht.optim.adam(1e-3), ht.optim.rowwise_adagrad(1e-2), optax.adam(1e-3)
+    adam_step = jax.jit(adam.update, donate_argnums=(0, 1))
+    rowwise_step = jax.jit(rowwise.update, donate_argnums=(0, 1))
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def dense_step(params, opt_state, slots, grads):
@@ -63,27 +65,54 @@ def run(quick: bool = False) -> list[Result]:
         updates, opt_state = tx.update(g, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    peer_dense = _looping(dense_step, (dense, tx.init(dense)), slots, grads)
-
     cann = jax.jit(lambda t, s, k, g: ht.apply_adam_w(t, s, k, g, lr=1e-3, weight_decay=0.0),
                    donate_argnums=(0, 1))
-    table2 = jax.tree.map(jnp.array, table)
-    # adam_w_init gives m and v one buffer, which cannot be donated twice: copy each leaf.
-    cann_state = jax.tree.map(jnp.array, ht.adam_w_init(table2))
-    peer_cann = _looping(cann, (table2, cann_state), ht.words.as_words(
-        batch_keys, "benchmark", "keys"), grads)
+    cann_keys = ht.words.as_words(batch_keys, "benchmark", "keys")
 
-    rowwise = ht.optim.rowwise_adagrad(1e-2)
-    table3 = jax.tree.map(jnp.array, table)
-    ours_rowwise = _looping(jax.jit(rowwise.update, donate_argnums=(0, 1)),
-                            (table3, rowwise.init(table3)), slots, grads)
+    def ours():
+        t = copied()
+        return _looping(adam_step, (t, adam.init(t)), slots, grads)
 
+    def ours_rowwise():
+        t = copied()
+        return _looping(rowwise_step, (t, rowwise.init(t)), slots, grads)
+
+    def peer_dense():
+        dense = jnp.array(table.values)
+        return _looping(dense_step, (dense, tx.init(dense)), slots, grads)
+
+    def peer_cann():  # adam_w_init gives m and v one buffer, which cannot be donated twice
+        t = copied()
+        return _looping(cann, (t, jax.tree.map(jnp.array, ht.adam_w_init(t))), cann_keys, grads)
+
+    start, at, g = np.asarray(table.values), np.asarray(slots), np.asarray(grads)
+    adam_once = adam_first_step(start, at, g, 1e-3)
+    # each side's rows after its first step within float rounding of numpy's
+    first = functools.partial(against, view=_rows, peer_view=_rows, rtol=1e-5, atol=1e-6)
     rows = f"{size / 1e6:g}M x {dim}"
     return [
-        compare(f"adam.update {n} slots", ours, f"optax.adam dense {rows}", peer_dense,
-                repeats=repeats, note="O(batch) vs O(table)"),
-        compare(f"adam.update {n} slots", ours, f"apply_adam_w {n} keys", peer_cann,
-                repeats=repeats, note="by slot vs re-probing keys"),
-        compare(f"rowwise_adagrad.update {n} slots", ours_rowwise, f"adam.update {n} slots",
-                ours, repeats=repeats, note="1 vs 2*dim state floats a row"),
+        compare(f"adam.update {n} slots", ours(), f"optax.adam dense {rows}", peer_dense(),
+                repeats=repeats, note="O(batch) vs O(table)",
+                check=first(adam_once, adam_once)),
+        compare(f"adam.update {n} slots", ours(), f"apply_adam_w {n} keys", peer_cann(),
+                repeats=repeats, note="by slot vs re-probing keys",
+                check=first(adam_once, adam_once)),
+        compare(f"rowwise_adagrad.update {n} slots", ours_rowwise(), f"adam.update {n} slots",
+                ours(), repeats=repeats, note="1 vs 2*dim state floats a row",
+                check=first(_rowwise_adagrad_first_step(start, at, g, 1e-2), adam_once)),
     ]
+
+
+def _rows(out: tuple) -> Any:
+    """The rows a step's output ``(table or dense params, state)`` holds."""
+    return getattr(out[0], "values", out[0])
+
+
+def _rowwise_adagrad_first_step(rows: np.ndarray, slots: np.ndarray, grads: np.ndarray,
+                                lr: float, eps: float = 1e-8) -> np.ndarray:
+    """numpy: ``rows`` after one row-wise Adagrad step from a zero accumulator, the
+    gradients of equal slots summed first (``s = mean(g²)``, ``w -= lr·g/(√s + eps)``)."""
+    g = np.zeros(rows.shape, np.float64)
+    np.add.at(g, slots, grads)
+    acc = np.mean(g * g, axis=-1, keepdims=True)
+    return (rows - lr * g / (np.sqrt(acc) + eps)).astype(np.float32)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxops.hashtable as ht
-from benchmarks.common import Result, compare
+from benchmarks.common import Result, against, compare, holds_keys, table_rows
 
 BATCH, DIM = 4096, 4
 
@@ -52,8 +52,9 @@ def _distinct_keys(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _filled(size: int, keys: np.ndarray, chunk: int = 1 << 16) -> ht.HashTable:
-    """A table of ``size`` slots holding ``keys``, inserted in chunks by a donated step."""
-    table = ht.set_load_policy(ht.init_table(size, DIM, initializer_mode="constant"),
+    """A table of ``size`` slots holding ``keys``, inserted in chunks by a donated step;
+    random rows, so a lookup's check sees whether each key got its own row."""
+    table = ht.set_load_policy(ht.init_table(size, DIM, key=jax.random.key(size)),
                                max_load_factor=1.0)
     insert = jax.jit(lambda t, k: ht.lookup_or_insert(t, k)[0], donate_argnums=0)
     for lo in range(0, keys.size, chunk):
@@ -109,40 +110,58 @@ def _huge_page_note() -> str:
     return f"{kib // 1024} MiB on huge pages"
 
 
+def _line_values(slots, xp) -> list:
+    """What the floor's arrays hold at ``slots`` (uint32, numpy or jax.numpy as ``xp``):
+    different per slot and array, so a gather of the wrong slots shows."""
+    return [(slots % 251).astype(xp.uint8), *(slots * xp.uint32(2 * k + 3) for k in range(5)),
+            ((slots % 4096)[:, None] * DIM + xp.arange(DIM, dtype=xp.uint32)).astype(xp.float32)]
+
+
 def _slot_lines(size: int, rng: np.random.Generator):
     """A jitted gather of what a present-key step reads per key, at random slots of arrays
     of ``size`` slots: flags, both key words, both counter words, last access, the row. No
-    hashing, no probing: the memory hierarchy's own growth with the table's size."""
-    arrays = [jnp.zeros(size, jnp.uint8), *(jnp.zeros(size, jnp.uint32) for _ in range(5)),
-              jnp.zeros((size, DIM), jnp.float32)]
-    slots = jnp.asarray(rng.integers(0, size, BATCH).astype(np.int32))
+    hashing, no probing: the memory hierarchy's own growth with the table's size. Returns
+    the call and the values it must give (numpy)."""
+    arrays = _line_values(jnp.arange(size, dtype=jnp.uint32), jnp)
+    slots = rng.integers(0, size, BATCH).astype(np.uint32)
     gather = jax.jit(lambda arrs, i: [a[i] for a in arrs])
-    return lambda: gather(arrays, slots)
+    dev_slots = jnp.asarray(slots.astype(np.int32))
+    return (lambda: gather(arrays, dev_slots)), _line_values(slots, np)
 
 
 def _floor_note(size: int, base_size: int, repeats: int) -> str:
     """The same size ratio for a plain gather of the slots' lines (:func:`_slot_lines`)."""
     rng = np.random.default_rng(2)
-    res = compare("floor", _slot_lines(size, rng), "floor", _slot_lines(base_size, rng),
-                  repeats=repeats)
+    (ours, want), (base, base_want) = _slot_lines(size, rng), _slot_lines(base_size, rng)
+    res = compare("floor", ours, "floor", base, repeats=repeats,
+                  check=against(want, base_want))
     return (f"floor: a plain gather of {BATCH} random slots' lines grows "
             f"{res.ours_s / res.peer_s:.2f}x (best {res.ours_best_s / res.peer_best_s:.2f}x)")
 
 
+def _stepper(size: int, keys: np.ndarray, words: ht.words.Words64):
+    """A donated stepper on a table of ``size`` slots holding ``keys``, and the rows its
+    steps must give: read from the slot arrays on the host before the table is donated."""
+    table = _filled(size, keys)
+    want = table_rows(table, keys)[0]
+    return _donated_stepper(table, words), want
+
+
 def run_scale(sizes: list[int], repeats: int) -> list[Result]:
-    """Present-key lookups at each size vs the same step at the first (smallest) size."""
+    """Present-key lookups at each size vs the same step at the first (smallest) size,
+    each side's rows checked against the host's reading of its table."""
     rng = np.random.default_rng(0)
     keys = _distinct_keys(rng, BATCH)
     words = ht.words.as_words(keys, "benchmark", "keys")
-    base = _donated_stepper(_filled(sizes[0], keys), words)
+    base, base_want = _stepper(sizes[0], keys, words)
     results = []
     for size in sizes[1:]:
-        ours = _donated_stepper(_filled(size, keys), words)
+        ours, want = _stepper(size, keys, words)
         results.append(_per_step(compare(
             f"lookup_or_insert {BATCH} present, 2^{size.bit_length() - 1}", ours,
             f"same at 2^{sizes[0].bit_length() - 1}", base, target=1.5, repeats=repeats,
             note=f"donated, jitted; ms per step, {STEPS_PER_SAMPLE} steps a sample; "
-                 f"{_huge_page_note()}")))
+                 f"{_huge_page_note()}", check=against(want, base_want))))
         results[-1].note += "; " + _cpu_note(ours, base, repeats)
         results[-1].note += "; " + _floor_note(size, sizes[0], repeats)
         del ours
@@ -167,12 +186,14 @@ def run_fill(size: int, repeats: int) -> list[Result]:
     def inserter(name):
         def run():
             tables[name] = step(tables[name], new)
-            return tables[name].live
+            return tables[name]
         return run
 
+    # each side holds exactly its pre-filled keys and the batch: nothing dropped at 87.5 %
+    held = holds_keys(keys[:crowded + BATCH], np.concatenate([keys[:half], keys[crowded:]]))
     res = compare(f"insert {BATCH} new keys at 87.5% load, 2^{size.bit_length() - 1}",
                   inserter("87.5"), "same at 50% load", inserter("50"), target=4.0,
-                  repeats=repeats, reset=reset)
+                  repeats=repeats, reset=reset, check=held)
     res.note = (f"{BATCH / res.ours_s / 1e6:.2f} M keys/s at 87.5% vs "
                 f"{BATCH / res.peer_s / 1e6:.2f} M keys/s at 50% (target: >= 1/4); "
                 "each insert into a fresh copy of the pre-filled table")

@@ -6,7 +6,10 @@ table of the same total slots and a batch of the same keys: once as a ``HashTabl
 device, once as a ``ShardedHashTable`` over 8 host devices (the batch split 8 ways,
 routed with ``all_to_all``), with the default routing capacity (the device's batch slice:
 nothing can overflow, each owner processes the whole batch's worth of lanes) and with the
-capacity this batch needs (measured once). It runs in a child process started with
+capacity this batch needs (measured once: the smallest power of two at which neither the
+lookup nor the update leaves a lane unrouted). Before timing, each pair's first step is
+checked: both tables hold exactly the batch's ids, with the rows of numpy's Adam step. It
+runs in a child process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must precede jax's import).
 
 On a machine with a couple of CPU cores the 8 "devices" share those cores, so the ratio
@@ -32,13 +35,24 @@ def run(quick: bool = False) -> list[Result]:
                    "1 device", row["tuned_single_s"], note=note)]
 
 
+def _fitting_capacity(needed: int, unrouted) -> int:
+    """The routing capacity this batch needs: the lookup's fullest buffer (``needed``)
+    rounded up to a power of two, doubled while a step still leaves lanes unrouted
+    (``unrouted(capacity)``). The update by slot routes every lane, duplicates included, so
+    it can need more than the lookup, which routes distinct ids."""
+    capacity = 1 << (needed - 1).bit_length()
+    while unrouted(capacity):
+        capacity *= 2
+    return capacity
+
+
 def _child(quick: bool) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import jaxops.hashtable as ht
-    from benchmarks.common import compare
+    from benchmarks.common import adam_first_step, assert_table, compare
 
     slots, dim, batch = (1 << 16, 16, 4096) if quick else (1 << 21, 16, 65536)
     rng = np.random.default_rng(0)
@@ -53,27 +67,38 @@ def _child(quick: bool) -> dict:
                                slots=info.slots, route_capacity=capacity)
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("shard",))
-    single = ht.init_table(slots, dim, initializer_mode="constant")
-    sharded = ht.init_sharded_table(slots, dim, mesh, "shard", initializer_mode="constant")
-    # The capacity this batch needs (its fullest buffer, rounded up to a power of two).
-    needed = int(ht.lookup_or_insert(sharded, ids)[2].route.needed)
-    tuned = 1 << (needed - 1).bit_length()
-    boxes = {"single": (single, ht.adam_w_init(single)),
-             "sharded": (sharded, ht.adam_w_init(sharded))}
 
+    def fresh(placement):  # empty tables: each compare's check sees both sides' first step
+        table = ht.init_table(slots, dim, initializer_mode="constant", placement=placement)
+        return table, ht.adam_w_init(table)
+
+    sharded = ht.MeshAxis(mesh, "shard")
     words = ht.words.as_words(ids, "benchmark", "ids")  # 64-bit ids enter jit as word pairs
+    tuned = _fitting_capacity(
+        int(ht.lookup_or_insert(fresh(sharded)[0], ids)[2].route.needed),
+        lambda capacity: int(step(*fresh(sharded), words, grads, capacity)[0].unrouted))
+    # numpy's first AdamW step (no decay) on the ids' zero rows, duplicates summed
+    distinct, index = np.unique(ids, return_inverse=True)
+    want = adam_first_step(np.zeros((distinct.size, dim), np.float32), index,
+                           np.asarray(grads), 1e-3)
 
-    def looping(name, capacity=None):
+    def first_step(ours, peer):  # each side holds exactly the ids, rows as numpy's step
+        for what, (table, _) in (("sharded", ours), ("single", peer)):
+            assert_table(table, ids, what, want, rtol=1e-5, atol=1e-6)
+
+    def looping(placement, capacity=None):
+        box = [fresh(placement)]
+
         def call():
-            boxes[name] = step(*boxes[name], words, grads, capacity)
-            return boxes[name]
+            box[0] = step(*box[0], words, grads, capacity)
+            return box[0]
         return call
 
     repeats = 3 if quick else 7
-    full = compare("step", looping("sharded"), "single", looping("single"), repeats=repeats,
-                   warmup=2)
-    fit = compare("step", looping("sharded", tuned), "single", looping("single"),
-                  repeats=repeats, warmup=2)
+    full = compare("step", looping(sharded), "single", looping(None), repeats=repeats,
+                   warmup=2, check=first_step)
+    fit = compare("step", looping(sharded, tuned), "single", looping(None),
+                  repeats=repeats, warmup=2, check=first_step)
     return {"batch": batch, "sharded_s": full.ours_s, "single_s": full.peer_s,
             "tuned_s": fit.ours_s, "tuned_single_s": fit.peer_s, "capacity": tuned,
             "local": batch // len(jax.devices())}
