@@ -20,7 +20,8 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError
-from jaxops.ops.hashtable import checkpoint_guard, checkpoint_handler
+from jaxops.hashtable.checkpoint import _guard as checkpoint_guard
+from jaxops.hashtable.checkpoint import _handler as checkpoint_handler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -189,7 +190,7 @@ def test_a_forced_save_killed_midway_leaves_a_whole_checkpoint(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from jaxops.ops.hashtable.checkpoint_meta import read_meta
+    from jaxops.hashtable.checkpoint._meta import read_meta
 
     def big():
         return {"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),
