@@ -4,8 +4,8 @@
 optimizer states in an :class:`EmbeddingTables` variable (not an ``nnx.Param``, so
 ``nnx.Optimizer`` and ``nnx.grad`` leave it alone and no table-sized gradient is formed).
 Calling it returns pooled embeddings (a read-only lookup: unseen ids give zeros). A
-training step inserts ids with :meth:`Embedding.lookup_or_insert`, differentiates the loss w.r.t. the
-looked-up rows alongside the dense parameters, and hands the row gradients to
+training step inserts ids with :meth:`Embedding.lookup_or_insert`, differentiates the loss w.r.t.
+the looked-up rows alongside the dense parameters, and hands the row gradients to
 :meth:`Embedding.apply_gradients` (the row optimizer, by slot):
 
 >>> import numpy as np, jax, jax.numpy as jnp, optax

@@ -48,9 +48,14 @@ def test_force_replaces_only_a_checkpoint(tmp_path):
             ht.save(_table(1), target, force=True)
     assert (user / "notes.txt").read_text() == "mine" and (tmp_path / "a-file").exists()
     (user / "notes.txt").unlink()
-    (user / "jaxops.json").write_text("{}")  # looks like one, holds nothing else: replaced
-    ht.save(_table(2), user, force=True)
-    assert int(ht.load(user).live) == 2
+    (user / "jaxops.json").write_text("{}")  # looks like one, but jaxops did not sign it
+    with pytest.raises(CheckpointError, match="not a jaxops checkpoint"):
+        ht.save(_table(2), user, force=True)
+    (user / "jaxops.json").unlink()
+    ht.save(_table(2), user, force=True)  # empty: now a checkpoint, whatever else it holds
+    (user / "any-file-a-new-orbax-writes").write_text("")
+    ht.save(_table(4), user, force=True)  # replaced whole
+    assert int(ht.load(user).live) == 4 and "any-file-a-new-orbax-writes" not in os.listdir(user)
     empty = tmp_path / "empty"  # as tempfile.mkdtemp() makes: nothing to lose
     empty.mkdir()
     with pytest.raises(CheckpointError, match="exists: pass force=True"):

@@ -9,8 +9,8 @@ same.
   :class:`ShardedHashTable`, :class:`OneDevice` / :data:`ONE_DEVICE`, :class:`MeshAxis`;
 - operations: :func:`lookup_or_insert` (the only one that inserts), the reads :func:`find`,
   :func:`lookup`, :func:`locate`, :func:`gather` (and :func:`with_route` of each, which
-  also returns its :class:`RouteInfo`), :func:`evict`, :func:`evict_lowest`, :func:`evict_if`, :func:`import_`,
-  :func:`export`, :func:`export_chunks`, :func:`resize`, :func:`compact`,
+  also returns its :class:`RouteInfo`), :func:`evict`, :func:`evict_lowest`, :func:`evict_if`,
+  :func:`import_`, :func:`export`, :func:`export_chunks`, :func:`resize`, :func:`compact`,
   :func:`set_load_policy`, :func:`maintain` (the load policy between jitted steps),
   :func:`apply_adam_w` / :func:`adam_w_init`, :func:`save`,
   :func:`load`, :func:`host_keys`, :func:`slot_bytes` (the device memory of a slot);

@@ -12,7 +12,7 @@ itself narrows a numpy int64 argument to int32 before any jaxops code sees it.
 """
 
 from jaxops.hashtable._table.words64 import (Counter64, Words64, add_to_words, as_words, join_words,
-                                        sum_counters, to_host_int64)
+                                             sum_counters, to_host_int64)
 
 __all__ = ["Counter64", "Words64", "add_to_words", "as_words", "join_words", "sum_counters",
            "to_host_int64"]

@@ -21,11 +21,10 @@ import jax.numpy as jnp
 from jaxops.hashtable._kernels.opdefs import APPLY_ADAM_W_OP
 from jaxops.hashtable._table.table import EVICTED, VALID, HashTable
 from jaxops.hashtable._table.words64 import Counter64, Words64, add_to_words
-from jaxops.hashtable._walks.batch import (group_first, group_sum, is_first, key_batch,
-                                           live_slots, set_rows, slot_words)
+from jaxops.hashtable._walks.batch import (group_first, group_sum, is_first, key_batch, live_slots,
+                                           set_rows, slot_words)
 from jaxops.hashtable._walks.probe import take
-from jaxops.hashtable._walks.slot_owner import (SlotOwner, changed_hands, record_owners,
-                                                slot_owners)
+from jaxops.hashtable._walks.slot_owner import SlotOwner, changed_hands, record_owners, slot_owners
 
 __all__ = ["AdamWState", "adam_w_init_on_shard", "adam_w_on_shard", "adam_w_step"]
 

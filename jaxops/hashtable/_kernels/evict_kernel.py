@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jaxops.hashtable._kernels.opdefs import EVICT_OP
 from jaxops.hashtable._table.table import EVICTED, EXPORT, HashTable
 from jaxops.hashtable._table.words64 import Words64
-from jaxops.hashtable._walks.batch import (group_first, is_first, key_batch,
-                                           live_slots_and_flags, set_rows)
+from jaxops.hashtable._walks.batch import (group_first, is_first, key_batch, live_slots_and_flags,
+                                           set_rows)
 
 __all__ = ["evict_keys", "evict_on_shard"]
 

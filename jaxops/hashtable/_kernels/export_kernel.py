@@ -84,7 +84,7 @@ def export_shard(table: HashTable, export_mode: str, filtered_export_flag: bool,
 
 
 def mark_exported(table: HashTable, export_mode: str, filtered_export_flag: bool,
-                   size: int) -> HashTable:
+                  size: int) -> HashTable:
     """The table with the first ``size`` exported entries marked. Only the flags and the
     count pass through jit, so the rows are shared, never copied."""
     flags, not_exported = _marked_flags(table.flags, table.not_exported, export_mode,

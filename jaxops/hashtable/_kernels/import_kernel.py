@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from jaxops.hashtable._kernels.opdefs import IMPORT_OP
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import Words64, add_to_words, as_counter
-from jaxops.hashtable._walks.batch import (find_or_place, group_first, is_first, is_last,
-                                           key_batch, set_rows)
+from jaxops.hashtable._walks.batch import (find_or_place, group_first, is_first, is_last, key_batch,
+                                           set_rows)
 from jaxops.hashtable._walks.slot_owner import advance_epochs
 
 __all__ = ["ImportInfo", "import_entries", "import_on_shard"]

@@ -31,9 +31,8 @@ import numpy as np
 from jaxops.hashtable._kernels.opdefs import LOOKUP_OR_INSERT_OP
 from jaxops.hashtable._table.table import EVICTED, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import Words64, add_to_words, as_counter
-from jaxops.hashtable._walks.batch import (effective_keys, find_or_place, group_first,
-                                           group_prefix, group_weight, is_first, key_batch,
-                                           set_rows)
+from jaxops.hashtable._walks.batch import (effective_keys, find_or_place, group_first, group_prefix,
+                                           group_weight, is_first, key_batch, set_rows)
 from jaxops.hashtable._walks.probe import take
 from jaxops.hashtable._walks.row_gather import gather_rows
 from jaxops.hashtable._walks.slot_owner import advance_epochs

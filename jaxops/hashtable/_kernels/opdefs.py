@@ -1,8 +1,8 @@
 """The CANN ``hash/`` operators as OpDefs (their kernels live in the operation modules).
 
 Names, attributes and defaults follow ops-nn's ``*_def.cpp``. Where CANN passes a table
-handle, jaxops passes one shard's :class:`~jaxops.hashtable._table.table.HashTable` pytree and gets the
-new one back (JAX has no in-place state); ``bucket_size`` / ``embedding_dim`` attributes
+handle, jaxops passes one shard's :class:`~jaxops.hashtable._table.table.HashTable` pytree and gets
+the new one back (JAX has no in-place state); ``bucket_size`` / ``embedding_dim`` attributes
 that restate the table's shape are dropped.
 """
 

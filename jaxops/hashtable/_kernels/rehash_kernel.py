@@ -51,8 +51,9 @@ def rehash(old: HashTable, new: HashTable) -> HashTable:
 def rehash_slots(old: HashTable, new: HashTable, used: jax.Array | None = None
                  ) -> tuple[HashTable, jax.Array]:
     """:func:`rehash`, and where each old slot's entry went (int32 ``[old slots]``, -1:
-    none): the map that moves optimizer state rows along (:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`).
-    ``used``: the old slots to move (default: the live ones)."""
+    none): the map that moves optimizer state rows along
+    (:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`). ``used``: the old slots to move
+    (default: the live ones)."""
     if used is None:
         used = (old.flags & (VALID | EVICTED)) == VALID
     home = home_slot(old.key_lo, old.key_hi, new.bucket_size)

@@ -28,8 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
-from jaxops.hashtable._kernels.adamw_kernel import (AdamWState, adam_w_init_on_shard,
-                                                   adam_w_on_shard)
+from jaxops.hashtable._kernels.adamw_kernel import AdamWState, adam_w_init_on_shard, adam_w_on_shard
 from jaxops.hashtable._kernels.opdefs import APPLY_ADAM_W_OP
 from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._placement.run import run_batch

@@ -17,10 +17,10 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.memory import refuse_unless_fits
-from jaxops.hashtable._table.checks import check_key_dtype
-from jaxops.hashtable._placement.on_mesh import MeshAxis
 from jaxops.hashtable._kernels.opdefs import INIT_OP
+from jaxops.hashtable._placement.on_mesh import MeshAxis
 from jaxops.hashtable._placement.placement import ONE_DEVICE, Placement
+from jaxops.hashtable._table.checks import check_key_dtype
 from jaxops.hashtable._table.table import HashTable, check_bucket_size, slot_bytes
 from jaxops.ops.loops import while_loop
 
@@ -45,8 +45,9 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
     """A table of ``bucket_size`` empty slots, each already holding the row a new key gets.
 
     Args:
-        bucket_size: number of slots (static); on a :class:`~jaxops.hashtable._placement.on_mesh.MeshAxis` the slots in
-            all, each of the ``n`` shards getting ``ceil(bucket_size / n)``.
+        bucket_size: number of slots (static); on a
+            :class:`~jaxops.hashtable._placement.on_mesh.MeshAxis` the slots in all, each of the
+            ``n`` shards getting ``ceil(bucket_size / n)``.
         embedding_dim: floats per row (static).
         initializer_mode: ``"random"``: the rows are ``sampled_values`` (CANN takes them from
             outside), or uniform in ``RANDOM_RANGE`` drawn with the PRNG ``key``;
@@ -57,11 +58,12 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         key_dtype: ``np.int64`` (CANN's) or ``np.uint64`` (static): the keys' dtype. Host
             keys must fit it, and ``export``, ``export_chunks`` and checkpoints give keys
             back in it (see :mod:`~jaxops.hashtable._table.table`).
-        placement: where the table lives: None or :data:`~jaxops.hashtable._placement.placement.ONE_DEVICE` (a
-            :class:`HashTable`), or a :class:`~jaxops.hashtable._placement.on_mesh.MeshAxis` (a
-            :class:`~jaxops.hashtable._placement.on_mesh.ShardedHashTable`, each shard built on its own device: no full
-            table on one device). With ``initializer_mode="random"`` and a PRNG ``key``,
-            shard ``i`` draws with ``fold_in(key, i)``; ``sampled_values`` are split by
+        placement: where the table lives: None or
+            :data:`~jaxops.hashtable._placement.placement.ONE_DEVICE` (a :class:`HashTable`), or a
+            :class:`~jaxops.hashtable._placement.on_mesh.MeshAxis` (a
+            :class:`~jaxops.hashtable._placement.on_mesh.ShardedHashTable`, each shard built on its
+            own device: no full table on one device). With ``initializer_mode="random"`` and a PRNG
+            ``key``, shard ``i`` draws with ``fold_in(key, i)``; ``sampled_values`` are split by
             shard.
 
     Returns:
@@ -98,7 +100,7 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
         sampled_values = jax.device_put(np.asarray(sampled_values, np.float32))
     (table,) = INIT_OP(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
-                    initializer_mode=initializer_mode, constant_value=constant_value)
+                       initializer_mode=initializer_mode, constant_value=constant_value)
     return table.replace(**statics)
 
 

@@ -62,10 +62,11 @@ def export(tables: Any, *, export_mode: str = "all", filtered_export_flag: bool 
         shape ``[num_shards * size]`` (values ``[..., dim]``; ``size`` defaults to the
         shard size) and actual size the number exported (shard 0's entries first): keys in
         the table's ``key_dtype`` (int64 or uint64) and counters uint64 with x64 on; with
-        x64 off both are uint32 ``[n, 2]`` word pairs (:func:`~jaxops.hashtable._table.table.host_keys` and
-        :func:`~jaxops.hashtable._table.words64.to_host_int64` join them); filter_flags uint8 (1 where FILTER is
-        set); values float32. The returned tables have EXPORT set on the exported entries
-        and the not-exported count lowered by the newly exported.
+        x64 off both are uint32 ``[n, 2]`` word pairs
+        (:func:`~jaxops.hashtable._table.table.host_keys` and
+        :func:`~jaxops.hashtable._table.words64.to_host_int64` join them); filter_flags uint8 (1
+        where FILTER is set); values float32. The returned tables have EXPORT set on the exported
+        entries and the not-exported count lowered by the newly exported.
     """
     op = EXPORT_OP.name
     single = not isinstance(tables, (list, tuple))
@@ -158,8 +159,8 @@ def export_chunks(table: Any, chunk_slots: int | None = None, *, export_mode: st
         check_int(op, "chunk_slots", chunk_slots, 1, 2**31 - 1, "an int >= 1")
     filtered = bool(filtered_export_flag)
     marked, _ = placement.map(mark_on_shard, (export_mode, filtered), storage)
-    return placement.with_storage(table, marked), _chunks(placement.local_shards(storage), chunk_slots,
-                                                 export_mode, filtered)
+    chunks = _chunks(placement.local_shards(storage), chunk_slots, export_mode, filtered)
+    return placement.with_storage(table, marked), chunks
 
 
 def _chunks(shards: dict, chunk_slots: int, export_mode: str, filtered: bool

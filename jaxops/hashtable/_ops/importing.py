@@ -1,5 +1,5 @@
 """``import_``: insert or overwrite entries (CANN EmbeddingHashTableImport), on any placement:
-every entry goes to its owner shard.
+every entry goes to the shard that holds its key.
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant")

@@ -48,8 +48,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.hashtable._ops.resizing import resize
 from jaxops.hashtable._ops.scored import evict_lowest_per_shard
-from jaxops.hashtable._placement.load_policy import (LOAD_POLICIES, LoadDemand,
-                                                     refuse_over_limit)
+from jaxops.hashtable._placement.load_policy import LOAD_POLICIES, LoadDemand, refuse_over_limit
 from jaxops.hashtable._placement.placement import Placement, placement_of
 from jaxops.hashtable._table.checks import check_int
 

@@ -1,5 +1,5 @@
 """``resize`` and ``compact``: the same live entries in a rebuilt table, on any placement
-(on a mesh every shard is rebuilt where it lives; each key stays with its owner).
+(on a mesh every shard is rebuilt where it lives; each key stays on its shard).
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(4, 2, initializer_mode="constant")
@@ -32,12 +32,12 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
     """Rehashes every live entry into a table of ``new_bucket_size`` slots.
 
     Keys, counters, flags (export state included), rows, ``last_access`` (and the table's
-    ``clock``) and the live / not-exported counts are kept; entries are reinserted in ascending old-slot order. Tombstones are dropped
-    (beyond CANN, which has no resize: they only kept evicted keys' slots, and their keys are
-    gone either way), so a table may shrink to its live keys. The new table's free slots get
-    rows as in :func:`init_table` (the initializer arguments are passed on); the load limit
-    and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each shard gets
-    ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with
+    ``clock``) and the live / not-exported counts are kept; entries are reinserted in ascending
+    old-slot order. Tombstones are dropped (beyond CANN, which has no resize: they only kept evicted
+    keys' slots, and their keys are gone either way), so a table may shrink to its live keys. The
+    new table's free slots get rows as in :func:`init_table` (the initializer arguments are passed
+    on); the load limit and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each
+    shard gets ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with
     ``fold_in(key, i)``.
 
     ``states``: optimizer states beside the table, each as ``(state, init)`` with ``init``
@@ -64,12 +64,13 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
             raise OpArgumentError(op, "new_bucket_size", f"at least {most}{where}",
                                   f"{new_bucket_size}" + (f" ({per} per shard)"
                                                           if placement.routes else ""))
-    rows = initializer_rows(storage.initializer, per * placement.num_shards, storage.embedding_dim) \
+    slots = per * placement.num_shards
+    rows = initializer_rows(storage.initializer, slots, storage.embedding_dim) \
         if initializer_mode is None else dict(initializer_mode=initializer_mode,
                                               constant_value=constant_value,
                                               sampled_values=sampled_values, key=key)
-    fresh = placement.storage(init_table(per * placement.num_shards, storage.embedding_dim,
-                                     placement=placement, **rows))
+    fresh = placement.storage(init_table(slots, storage.embedding_dim, placement=placement,
+                                         **rows))
     fresh = fresh.replace(max_load_factor=storage.max_load_factor,
                           load_policy=storage.load_policy, key_dtype=storage.key_dtype,
                           initializer=storage.initializer)

@@ -162,7 +162,7 @@ def evict_lowest(table: Any, n: Any = None, *, fraction: float | None = None,
     n, keep = eviction_count(table.live, n, fraction, by, keep)
     storage = placement.storage(table)
     new, _ = placement.map(lowest_on_shard, (by, float(const_val), True), storage, (n, keep),
-                       donate=donate)
+                           donate=donate)
     return placement.with_storage(table, new)
 
 
@@ -177,12 +177,12 @@ def evict_lowest_per_shard(table: Any, counts: Any, keep: Any, by: str, *,
     keep = jnp.asarray(np.asarray(keep, np.int32).reshape(-1))
     storage = placement.storage(table)
     new, _ = placement.map(lowest_on_shard, (by, 0.0, False), storage,
-                       (jnp.asarray(counts), keep), donate=donate and not states)
+                           (jnp.asarray(counts), keep), donate=donate and not states)
     if not states:
         return placement.with_storage(table, new)
     inits = tuple(init for _, init in states)
     _, reset = placement.map(reset_on_shard, inits, (storage.flags, new.flags,
-                                                  tuple(state for state, _ in states)))
+                                                     tuple(state for state, _ in states)))
     return placement.with_storage(table, new), list(reset)
 
 
@@ -236,8 +236,8 @@ def evict_if(table: Any, predicate: Callable[[SlotScores], jax.Array], *,
                               type(predicate).__name__)
     rule, params = (predicate.rule, predicate.params) if isinstance(predicate, SlotPredicate) \
         else (_whole(predicate), None)
-    new, _ = placement.map(if_on_shard, (rule, float(const_val)), placement.storage(table), params,
-                       donate=donate)
+    new, _ = placement.map(if_on_shard, (rule, float(const_val)), placement.storage(table),
+                           params, donate=donate)
     return placement.with_storage(table, new)
 
 

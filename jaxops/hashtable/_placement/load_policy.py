@@ -80,10 +80,10 @@ def refuse_over_limit(op: str, table: Any, demand: LoadDemand, donate: bool, sta
 
 #: ``policy(op, table, demand, donate) -> table``: called eagerly before an insert that would
 #: take some shard past its limit (:class:`LoadDemand` says which, and which slots the call
-#: keeps), or by :func:`~jaxops.hashtable._ops.maintaining.maintain` between steps. It returns the table to insert into (same
-#: placement), or raises; with ``donate`` it may consume ``table``. The insert counts again
-#: afterwards and raises if the policy did not make room. A policy that also takes
-#: ``states=[(state, init), ...]`` (optimizer states beside the table, see ``maintain``)
+#: keeps), or by :func:`~jaxops.hashtable._ops.maintaining.maintain` between steps. It returns the
+#: table to insert into (same placement), or raises; with ``donate`` it may consume ``table``. The
+#: insert counts again afterwards and raises if the policy did not make room. A policy that also
+#: takes ``states=[(state, init), ...]`` (optimizer states beside the table, see ``maintain``)
 #: returns ``(table, states)`` for them; the built-in ones do.
 LOAD_POLICIES: dict[str, Callable] = {"error": refuse_over_limit}
 

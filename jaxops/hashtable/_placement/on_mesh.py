@@ -245,7 +245,8 @@ class ShardedHashTable:
         placement: static; the :class:`MeshAxis` the shards lie along.
         route_capacity: static; the routing buffers' lanes per destination of every call
             that does not give one (None: each device's batch slice, which nothing
-            overflows). :func:`~jaxops.hashtable._placement.load_policy.maintain` sets it from what steps needed.
+            overflows). :func:`~jaxops.hashtable._ops.maintaining.maintain` sets it from what steps
+            needed.
     """
 
     shards: HashTable

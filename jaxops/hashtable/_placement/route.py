@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.hashtable._walks.batch import group_prefix
 from jaxops.hashtable._table.murmur import murmur3_x86_32
-from jaxops.hashtable._walks.probe import first_occurrences, take
 from jaxops.hashtable._table.words64 import Words64
+from jaxops.hashtable._walks.batch import group_prefix
+from jaxops.hashtable._walks.probe import first_occurrences, take
 
 __all__ = ["SHARD_SEED", "AxisRouter", "Exchange", "LocalRouter", "RouteInfo", "Router", "Sent",
            "owner_shard"]

@@ -2,11 +2,11 @@
 
 ``export_chunks`` uses these so that its extra memory is one chunk, not a second table:
 :func:`iter_host_chunks` reads slots ``[start, start + n)`` to numpy one chunk at a time.
-:data:`CHUNK_BYTES` is also the size of the chunks and data files of a checkpoint, and of
-what a restore reads at a time (see :mod:`~jaxops.hashtable.checkpoint._tables`: it writes each chunk into
-the table preallocated on the device, in place; measured on XLA:CPU with a 256 MiB
-``values`` array, ``jnp.asarray`` of a finished numpy array peaks at +3x the array, it
-copies twice, ``jax.device_put`` at +1x, the donated in-place writes at +1 chunk).
+(Checkpoints move tables in chunks too, of their own size,
+``jaxops.hashtable.checkpoint.CHUNK_BYTES``: a restore writes each chunk into the table
+preallocated on the device, in place; measured on XLA:CPU with a 256 MiB ``values`` array,
+``jnp.asarray`` of a finished numpy array peaks at +3x the array, it copies twice,
+``jax.device_put`` at +1x, the donated in-place writes at +1 chunk.)
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(5, 2, initializer_mode="constant", constant_value=1.0)

@@ -124,7 +124,7 @@ class HashTable:
     not_exported: jax.Array
     dropped: Counter64
     clock: jax.Array
-    # Static (part of the pytree's structure): see jaxops.hashtable._placement.load_policy. Not in CANN.
+    # Static (part of the pytree's structure): see set_load_policy. Not in CANN.
     max_load_factor: float = dataclasses.field(default=0.9, metadata={"static": True})
     load_policy: str = dataclasses.field(default="error", metadata={"static": True})
     key_dtype: str = dataclasses.field(default="int64", metadata={"static": True})

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.hashtable._table.murmur import home_slot
-from jaxops.hashtable._walks.probe import find_slots, first_occurrences, place_new_keys, take
 from jaxops.hashtable._table.table import EVICTED, HashTable
 from jaxops.hashtable._table.words64 import Words64, as_words
+from jaxops.hashtable._walks.probe import find_slots, first_occurrences, place_new_keys, take
 
 
 class KeyBatch(NamedTuple):
@@ -144,7 +144,7 @@ def find_or_place(table: HashTable, batch: KeyBatch, active: jax.Array, first: j
     slot = jnp.where(to_place, take(placed_at, first), jnp.where(active, found, -1))
     kept = (found >= 0) & (slot == found)  # live, or a tombstone revived in place
     return Placed(slot, jnp.where(kept, found_flags, jnp.uint8(0)), to_place & (slot >= 0),
-                     key_lo, flags)
+                  key_lo, flags)
 
 
 def group_first(words: Words64, member: jax.Array) -> jax.Array:

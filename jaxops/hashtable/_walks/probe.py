@@ -47,12 +47,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.walk_table import walk_kernel
-from jaxops.hashtable._walks.lanes import drain, retired_values
 from jaxops.hashtable._table.murmur import home_slot, murmur3_x86_32
 from jaxops.hashtable._table.table import EVICTED, HashTable
 from jaxops.hashtable._table.words64 import Words64
+from jaxops.hashtable._walks.lanes import drain, retired_values
 
-_NOBODY = np.int32(np.iinfo(np.int32).max)  # owner of a slot no pending key holds
+_NOBODY = np.int32(np.iinfo(np.int32).max)  # holder of a slot no pending key holds
 _NOBODY_WORD = np.uint32(_NOBODY)
 #: Flag bit of a slot held by a key being placed; it never outlives one operation.
 PENDING = np.uint8(0x80)
@@ -203,10 +203,10 @@ def first_occurrences(words: Words64, pending: jax.Array) -> jax.Array:
                % np.uint32(scratch_size)).astype(jnp.int32)
         scratch = jnp.full(scratch_size, _NOBODY).at[jnp.where(active, pos, scratch_size)].min(
             lanes["id"], mode="drop")
-        owner = jnp.minimum(take(scratch, pos), n - 1)  # inactive lanes may read _NOBODY
-        same = active & (take(words.lo, owner) == lanes["lo"]) \
-            & (take(words.hi, owner) == lanes["hi"])
-        first = jnp.where(same, owner, lanes["first"])
+        lowest = jnp.minimum(take(scratch, pos), n - 1)  # inactive lanes may read _NOBODY
+        same = active & (take(words.lo, lowest) == lanes["lo"]) \
+            & (take(words.hi, lowest) == lanes["hi"])
+        first = jnp.where(same, lowest, lanes["first"])
         return {**lanes, "first": first}, active & ~same, rnd + np.uint32(1)
 
     ids = jnp.arange(n, dtype=jnp.int32)
@@ -224,7 +224,7 @@ def place_new_keys(key_lo: jax.Array, flags: jax.Array, home: jax.Array, start: 
     are absent from the table or revive their own tombstone, so every tombstone they meet
     is another key's.
 
-    The owner of each contested slot is kept in the table's own arrays, so the cost is
+    The holder of each contested slot is kept in the table's own arrays, so the cost is
     O(batch) and nothing of the table's size is allocated (with the table donated, XLA
     updates them in place): a slot some key holds carries :data:`PENDING` in its flags and
     the holder's index in its low key word. Every slot that ever gets a holder keeps one to

@@ -7,11 +7,11 @@ forward (wrapping) and stops at the first empty slot, so a key is reachable exac
 empty slot lies between its home and its slot. Tombstones are used slots: they never break
 a chain (a walk passes them), and they are checked like live keys, since a key reviving an
 unreachable tombstone would be inserted a second time. (A new key may take a tombstone's
-slot — beyond CANN — but only after its walk proved it absent, so this invariant holds.) Two copies of a key share a home, so once
-reachability holds they sit in the same *cluster* (maximal run of used slots); duplicates
-are looked for within clusters. Both checks stream: the extra memory is one chunk plus the
-cluster open at the chunk's end (and the one that wraps past the table's end), not a copy of
-the table's keys. A table with no empty slot at all is one cluster (its keys are kept).
+slot — beyond CANN — but only after its walk proved it absent, so this invariant holds.) Two copies
+of a key share a home, so once reachability holds they sit in the same *cluster* (maximal run of
+used slots); duplicates are looked for within clusters. Both checks stream: the extra memory is one
+chunk plus the cluster open at the chunk's end (and the one that wraps past the table's end), not a
+copy of the table's keys. A table with no empty slot at all is one cluster (its keys are kept).
 
 >>> import numpy as np
 >>> check = ProbeCheck(4)

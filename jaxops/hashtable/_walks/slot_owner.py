@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._walks.batch import set_rows
 from jaxops.hashtable._walks.probe import take
-from jaxops.hashtable._table.table import HashTable
 
 __all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "record_owners",
            "reset_rows", "slot_owners"]

@@ -12,10 +12,9 @@ A key's home slot is ``murmur3_x86_32(key, seed 0) % bucket_size``, as CANN comp
 ((4, 32), 1, [0, 0, 1, 0, 1])
 """
 
-from jaxops.hashtable.cann._bytes import (from_cann_bytes, handle_counters, row_bytes,
-                                             to_cann_bytes)
 from jaxops.hashtable._table.murmur import home_slot, murmur3_x86_32
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID
+from jaxops.hashtable.cann._bytes import from_cann_bytes, handle_counters, row_bytes, to_cann_bytes
 
 __all__ = ["EVICTED", "EXPORT", "FILTER", "VALID", "from_cann_bytes", "handle_counters",
            "home_slot", "murmur3_x86_32", "row_bytes", "to_cann_bytes"]

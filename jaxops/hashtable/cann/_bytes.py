@@ -26,13 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._table.checks import check_int, check_key_dtype, check_numeric
 from jaxops.hashtable._table.host_chunks import HostRows
 from jaxops.hashtable._table.murmur import home_slot
-from jaxops.hashtable._walks.probe_check import ProbeCheck
-from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import as_counter
+from jaxops.hashtable._walks.probe_check import ProbeCheck
 
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]

@@ -24,8 +24,7 @@ memory beyond the state itself: Orbax writes, and jaxops reads, tables a chunk a
 2
 """
 
-from jaxops.hashtable.checkpoint._handler import (Checkpointer, Restore, Save,
-                                                  TrainStateHandler)
+from jaxops.hashtable.checkpoint._handler import Checkpointer, Restore, Save, TrainStateHandler
 from jaxops.hashtable.checkpoint._read import CHUNK_BYTES
 from jaxops.hashtable.checkpoint._save_load import load, save
 

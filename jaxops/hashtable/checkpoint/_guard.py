@@ -1,18 +1,21 @@
 """What a save may do to the file system: take its turn, touch only what it owns, leave
 nothing behind when it fails.
 
-- **One save at a time per directory.** A save by :class:`~jaxops.hashtable.checkpoint._handler.Checkpointer`
-  (and so :func:`~jaxops.hashtable.checkpoint._save_load.save`) holds an exclusive ``flock`` on the directory it
-  writes into, from before it looks at its destination until its checkpoint is committed:
-  saves from other threads and processes into that directory wait their turn, so two saves
-  to one path never write into one temporary directory (Orbax's is ``<path>`` plus a fixed
+- **One save at a time per directory.** A save by
+  :class:`~jaxops.hashtable.checkpoint._handler.Checkpointer` (and so
+  :func:`~jaxops.hashtable.checkpoint._save_load.save`) holds an exclusive ``flock`` on the
+  directory it writes into, from before it looks at its destination until its checkpoint is
+  committed: saves from other threads and processes into that directory wait their turn, so two
+  saves to one path never write into one temporary directory (Orbax's is ``<path>`` plus a fixed
   suffix) and the second finds the first's checkpoint in place (refused without ``force``,
   replaced whole with it). In a multi-process run only the primary process takes it (the
   others write where it says). No lock file is created: the lock is on the directory.
 - **Only its own files.** A save refuses an existing destination unless ``force=True``, and
-  ``force`` replaces only a checkpoint (a directory holding ``jaxops.json`` and nothing but
-  what Orbax and jaxops write) or an empty directory. Anything else (a user's directory, a
-  file) is refused.
+  ``force`` replaces only a checkpoint or an empty directory. A checkpoint is known by the
+  file jaxops itself writes into it, in the same atomic commit: a ``jaxops.json`` whose
+  SHA-256 matches its body (:func:`~jaxops.hashtable.checkpoint._meta.is_checkpoint`), never
+  by the names of Orbax's own files, which a new Orbax may change. Anything else (a user's
+  directory, a file, a damaged checkpoint) is refused.
 - **The last checkpoint survives.** ``force`` writes the new checkpoint beside the old
   (``<path>.jaxops-replacing``) and, once it is committed, the primary process exchanges
   the two atomically and deletes the old: a save killed or failing at any moment leaves
@@ -26,7 +29,7 @@ nothing behind when it fails.
 >>> check_destination(os.path.join(d, "notes"), force=True)
 Traceback (most recent call last):
 ...
-jaxops.core.errors.CheckpointError: save: ... holds 'a.txt', which no checkpoint holds: refusing to replace it (force=True replaces only a checkpoint or an empty directory)
+jaxops.core.errors.CheckpointError: save: ... is not a jaxops checkpoint (it holds no jaxops.json that jaxops signed): refusing to replace it (force=True replaces only a checkpoint or an empty directory)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import shutil
 import stat
 
 from jaxops.core.errors import CheckpointError
+from jaxops.hashtable.checkpoint._meta import is_checkpoint
 
 try:
     import fcntl
@@ -46,11 +50,6 @@ except ImportError:  # pragma: no cover - not POSIX: saves do not take turns
 __all__ = ["STAGING_SUFFIX", "DirectoryTurn", "check_destination", "naming_path",
            "remove_temporary", "swap_into_place"]
 
-#: What a checkpoint directory holds: jaxops' file and Orbax's (OCDBT, metadata).
-_CHECKPOINT_ENTRIES = {"jaxops.json", "_CHECKPOINT_METADATA", "_METADATA", "_ROOT_METADATA",
-                       "_sharding", "array_metadatas", "commit_success.txt", "d",
-                       "manifest.ocdbt", "descriptor"}
-_PER_PROCESS = re.compile(r"ocdbt\.process_\d+$")
 _REFUSED = "refusing to replace it (force=True replaces only a checkpoint or an empty directory)"
 
 
@@ -88,7 +87,7 @@ def check_destination(path: str, force: bool) -> None:
 
     Raises:
         CheckpointError: ``path`` exists (without ``force``), or is not a checkpoint (a
-            file, a link, or a directory holding anything a checkpoint does not).
+            file, a link, or a directory without a jaxops.json that jaxops signed).
     """
     if not os.path.lexists(path):
         return
@@ -99,14 +98,9 @@ def check_destination(path: str, force: bool) -> None:
     if not stat.S_ISDIR(mode):
         raise CheckpointError(f"save: {path!r} is not a directory (a file or a link): "
                               + _REFUSED)
-    names = os.listdir(path)
-    for name in names:
-        if name not in _CHECKPOINT_ENTRIES and not _PER_PROCESS.match(name):
-            raise CheckpointError(f"save: {path!r} holds {name!r}, which no checkpoint holds: "
-                                  + _REFUSED)
-    if names and "jaxops.json" not in names:
-        raise CheckpointError(f"save: {path!r} is not a jaxops checkpoint (no jaxops.json): "
-                              + _REFUSED)
+    if os.listdir(path) and not is_checkpoint(path):
+        raise CheckpointError(f"save: {path!r} is not a jaxops checkpoint (it holds no "
+                              "jaxops.json that jaxops signed): " + _REFUSED)
 
 
 #: Where ``force=True`` writes the replacement before it takes the old checkpoint's place.

@@ -10,10 +10,10 @@ save adds at most a chunk to the process's memory). jaxops adds what Orbax lacks
   target's, any shard count: keys are re-owned and each key's optimizer state moves with
   it (:mod:`~jaxops.hashtable.checkpoint._tables`);
 - **integrity**: every array's checksum, computed on its devices when saving
-  (:mod:`~jaxops.hashtable.checkpoint._checksums`), and ``jaxops.json`` (:mod:`~jaxops.hashtable.checkpoint._meta`) with its own
-  SHA-256, written in the same atomic commit; a restore checks them all, and each table's
-  structure, and refuses a directory with links or too few bytes
-  (:mod:`~jaxops.hashtable.checkpoint._read`);
+  (:mod:`~jaxops.hashtable.checkpoint._checksums`), and ``jaxops.json``
+  (:mod:`~jaxops.hashtable.checkpoint._meta`) with its own SHA-256, written in the same atomic
+  commit; a restore checks them all, and each table's structure, and refuses a directory with links
+  or too few bytes (:mod:`~jaxops.hashtable.checkpoint._read`);
 - **bounded memory**: tables and their optimizer states are restored a chunk at a time.
 
 >>> import os, tempfile, numpy as np, jax, orbax.checkpoint as ocp, jaxops.hashtable as ht
@@ -41,15 +41,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
-from jaxops.hashtable.checkpoint._guard import (STAGING_SUFFIX, DirectoryTurn,
-                                                   check_destination, naming_path,
-                                                   remove_temporary, swap_into_place)
+from jaxops.hashtable.checkpoint._checksums import array_sums, hex_sums, host_sums, shard_sums
+from jaxops.hashtable.checkpoint._guard import (STAGING_SUFFIX, DirectoryTurn, check_destination,
+                                                naming_path, remove_temporary, swap_into_place)
 from jaxops.hashtable.checkpoint._meta import (PY_SCALARS, dtype_name, make_body, read_meta,
-                                                  write_meta)
+                                               write_meta)
 from jaxops.hashtable.checkpoint._read import CHUNK_BYTES, StoredArrays, check_directory, reading
 from jaxops.hashtable.checkpoint._tables import restore_table
 from jaxops.hashtable.checkpoint._tree import Parts, parts
-from jaxops.hashtable.checkpoint._checksums import array_sums, hex_sums, host_sums, shard_sums
 
 __all__ = ["Checkpointer", "Restore", "Save", "TrainStateHandler"]
 
@@ -192,8 +191,8 @@ class Checkpointer(ocp.AsyncCheckpointer):
     (asynchronous: ``wait_until_finished()``), ``restore(path, target)``.
 
     A save takes its turn in the directory it writes into and touches only what it owns
-    (:mod:`~jaxops.hashtable.checkpoint._guard`): saves from other threads and processes into that directory
-    wait until this one is committed (``wait_until_finished``, the next ``save`` or
+    (:mod:`~jaxops.hashtable.checkpoint._guard`): saves from other threads and processes into that
+    directory wait until this one is committed (``wait_until_finished``, the next ``save`` or
     ``close``); an existing ``path`` is refused, and replaced with ``force=True`` only if
     it is a checkpoint or an empty directory (written beside it, exchanged when committed);
     a failed save removes its temporary directory."""
@@ -301,7 +300,8 @@ def _dispatch_sums(found: Parts, flat: dict) -> dict:
             names = [n for n in t.fields() if not n.endswith(".unrouted")] + [
                 n for s in found.states.values() if s.table == name for n in s.leaves]
             placement = t.table.placement
-            out.update(zip(names, shard_sums([flat[n] for n in names], placement.mesh, placement.axis)))
+            out.update(zip(names, shard_sums([flat[n] for n in names], placement.mesh,
+                                             placement.axis)))
             done.update(names)
     for name, x in flat.items():
         if name in done:

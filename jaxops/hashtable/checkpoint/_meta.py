@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 
 from jaxops.core.errors import CheckpointError
-from jaxops.hashtable.checkpoint._tree import SHARD_FIELDS, SLOT_FIELDS, Parts
-from jaxops.hashtable._table.checks import KEY_DTYPES
 from jaxops.hashtable._placement.load_policy import LOAD_POLICIES
+from jaxops.hashtable._table.checks import KEY_DTYPES
 from jaxops.hashtable._table.table import MAX_BUCKET_SIZE
+from jaxops.hashtable.checkpoint._tree import SHARD_FIELDS, SLOT_FIELDS, Parts
 
 __all__ = ["FORMAT", "META_FILE", "PY_SCALARS", "VERSION", "dtype_name", "make_body",
-           "read_meta", "write_meta"]
+           "is_checkpoint", "read_meta", "write_meta"]
 
 #: The Python scalar types a state may hold, by the name the metadata gives them.
 PY_SCALARS = {"py:bool": bool, "py:int": int, "py:float": float, "py:complex": complex}
@@ -101,6 +101,31 @@ def read_meta(directory: str | os.PathLike) -> dict:
         CheckpointError: no such file (not a jaxops checkpoint), a digest mismatch, or a
             field that is missing, of the wrong type or out of range.
     """
+    body, where = _signed_body(directory)
+    _check_body(body, where)
+    return body
+
+
+def is_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` is a jaxops checkpoint: it holds a ``jaxops.json`` whose SHA-256
+    matches its body. jaxops writes that file in the checkpoint's own atomic commit, so every
+    checkpoint it saved holds one, whatever else Orbax writes beside it, and no directory
+    holds one by chance.
+
+    >>> import tempfile
+    >>> is_checkpoint(tempfile.mkdtemp())
+    False
+    """
+    try:
+        _signed_body(directory)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _signed_body(directory: str | os.PathLike) -> tuple[dict, str]:
+    """The body of ``directory``'s ``jaxops.json`` once its digest is checked, and the
+    file's name for messages."""
     if not os.path.isdir(directory):
         raise CheckpointError(f"{os.fspath(directory)!r}: not a directory (missing, or a "
                               "file): a checkpoint is the directory that save or Orbax wrote")
@@ -128,9 +153,7 @@ def read_meta(directory: str | os.PathLike) -> dict:
         raise CheckpointError(f"{where}: corrupt: expected an object with 'body' and 'sha256'")
     if hashlib.sha256(_canonical(doc["body"])).hexdigest() != doc["sha256"]:
         raise CheckpointError(f"{where}: corrupt: its SHA-256 does not match its content")
-    body = doc["body"]
-    _check_body(body, where)
-    return body
+    return doc["body"], where
 
 
 def _fail(where: str, field: str, value: Any, expected: str) -> None:

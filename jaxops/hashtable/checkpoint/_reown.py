@@ -3,15 +3,16 @@ are re-owned, and each optimizer state's rows move with their keys.
 
 The target's tables must be concrete (``init_table``): their rows are the rows free slots
 keep (the initializer), and the target's states give the rows a slot starts from. Each
-saved shard is read chunk by chunk (:class:`~jaxops.hashtable.checkpoint._saved.SavedTable`) and handed to
-every new shard, which takes the live entries it owns (:func:`~jaxops.hashtable._placement.route.owner_shard`),
-rehashed in ascending saved slot order (:func:`~jaxops.hashtable._kernels.rehash_kernel.rehash_slots`, in a
-``placement.map`` frame: the same code on one device and on a mesh); each state's rows move
-with their keys (:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`: rows another key had taken over start
-from the target's initial rows). Tombstones are not carried over (as ``resize``).
-Per-shard values of a state that are not rows: 64-bit counts (``skipped``) are summed onto
-shard 0, the rest (AdamW's beta powers, optax's ``count``) taken from saved shard 0; the
-table's ``dropped`` is summed onto shard 0 and its ``clock`` is the latest saved one.
+saved shard is read chunk by chunk (:class:`~jaxops.hashtable.checkpoint._saved.SavedTable`) and
+handed to every new shard, which takes the live entries it owns
+(:func:`~jaxops.hashtable._placement.route.owner_shard`), rehashed in ascending saved slot order
+(:func:`~jaxops.hashtable._kernels.rehash_kernel.rehash_slots`, in a ``placement.map`` frame: the
+same code on one device and on a mesh); each state's rows move with their keys
+(:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`: rows another key had taken over start
+from the target's initial rows). Tombstones are not carried over (as ``resize``). Per-shard values
+of a state that are not rows: 64-bit counts (``skipped``) are summed onto shard 0, the rest (AdamW's
+beta powers, optax's ``count``) taken from saved shard 0; the table's ``dropped`` is summed onto
+shard 0 and its ``clock`` is the latest saved one.
 Memory: the new table and its states (the target's copied), plus a chunk on each device.
 
 >>> import os, tempfile, jax.numpy as jnp, numpy as np, jaxops.hashtable as ht
@@ -35,15 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
-from jaxops.hashtable.checkpoint._saved import (SavedTable, put_small, state_from,
-                                                   state_names)
-from jaxops.hashtable.checkpoint._tree import SLOT_FIELDS, StatePart, TablePart, leaf_name
-from jaxops.hashtable._walks.slot_owner import move_state_rows
-from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._kernels.rehash_kernel import rehash_slots
+from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._placement.route import owner_shard
 from jaxops.hashtable._table.table import EVICTED, EXPORT, VALID, HashTable
 from jaxops.hashtable._table.words64 import EMPTY_WORD, Counter64
+from jaxops.hashtable._walks.slot_owner import move_state_rows
+from jaxops.hashtable.checkpoint._saved import SavedTable, put_small, state_from, state_names
+from jaxops.hashtable.checkpoint._tree import SLOT_FIELDS, StatePart, TablePart, leaf_name
 
 __all__ = ["reown"]
 
@@ -63,7 +63,7 @@ def reown(saved: SavedTable, target: TablePart, states: list[StatePart]):
                   for s in states)
     trees = tuple(jax.tree.structure(s.state) for s in states)
     fresh, _ = placement.map(_fresh_on_shard, None, (storage, tuple(s.state for s in states)),
-                         np.uint32(clock))
+                             np.uint32(clock))
     state = (*fresh, placement.map(_zeros_on_shard, None, storage)[1])
     statics = (placement.num_shards, trees, masks)
     expected = np.zeros(placement.num_shards, np.int64)
@@ -73,7 +73,7 @@ def reown(saved: SavedTable, target: TablePart, states: list[StatePart]):
             state_rows = tuple(tuple(rows[n] for n, slot in zip(state_names(s), m) if slot)
                                for s, m in zip(states, masks))
             state, _ = placement.map(_reown_on_shard, statics, state,
-                                 (table_rows, state_rows, np.int32(skip)), donate=True)
+                                     (table_rows, state_rows, np.int32(skip)), donate=True)
             jax.block_until_ready(state)  # before the next chunk (see checkpoint_tables)
             live = (rows[f"{saved.name}.flags"][skip:] & (VALID | EVICTED)) == VALID
             if live.any():

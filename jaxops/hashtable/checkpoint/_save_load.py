@@ -1,7 +1,8 @@
 """``save`` / ``load``: one call to write a table (or a whole train state) as an Orbax
 checkpoint and to read it back, synchronously: conveniences over
 :class:`~jaxops.hashtable.checkpoint._handler.Checkpointer`, the same format that
-``orbax.checkpoint.CheckpointManager`` writes with :class:`~jaxops.hashtable.checkpoint._handler.Save`.
+``orbax.checkpoint.CheckpointManager`` writes with
+:class:`~jaxops.hashtable.checkpoint._handler.Save`.
 
 >>> import os, tempfile, numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(8, 2, initializer_mode="constant")
@@ -21,12 +22,12 @@ import jax
 
 from jaxops.core.errors import CheckpointError, OpArgumentError
 from jaxops.core.memory import refuse_unless_fits
-from jaxops.hashtable.checkpoint._handler import Checkpointer
-from jaxops.hashtable.checkpoint._meta import read_meta
 from jaxops.hashtable._ops.create import init_table
 from jaxops.hashtable._placement.on_mesh import MeshAxis
 from jaxops.hashtable._placement.placement import ONE_DEVICE, Placement
 from jaxops.hashtable._table.table import slot_bytes
+from jaxops.hashtable.checkpoint._handler import Checkpointer
+from jaxops.hashtable.checkpoint._meta import read_meta
 
 __all__ = ["CheckpointError", "check_path", "load", "save"]
 
@@ -56,8 +57,8 @@ def save(state: Any, path: str | os.PathLike, *, force: bool = False) -> None:
     A save is atomic (Orbax writes ``<path>.orbax-checkpoint-tmp`` and renames it; a
     temporary left by a killed save of ``path`` is replaced) and takes its turn: saves into
     the same directory from other threads and processes wait for it
-    (:mod:`~jaxops.hashtable.checkpoint._guard`). ``force=True`` replaces an existing checkpoint (or an
-    empty directory): the new one is written beside it and the two are exchanged
+    (:mod:`~jaxops.hashtable.checkpoint._guard`). ``force=True`` replaces an existing checkpoint (or
+    an empty directory): the new one is written beside it and the two are exchanged
     atomically once it is committed (by the primary process, the others waiting), so
     ``path`` holds a whole checkpoint at every moment. Anything at ``path`` that is not a
     checkpoint is refused, never deleted. A failed save leaves nothing behind.
@@ -82,8 +83,9 @@ def load(path: str | os.PathLike, target: Any = None, *, placement: Placement | 
 
     Args:
         path: the checkpoint directory.
-        target: the state to restore into (see :class:`~jaxops.hashtable.checkpoint._handler.Restore`). Without
-            it the checkpoint must hold one table, which comes back on ``placement``.
+        target: the state to restore into (see
+            :class:`~jaxops.hashtable.checkpoint._handler.Restore`). Without it the checkpoint must
+            hold one table, which comes back on ``placement``.
         placement: where a lone table goes (``mesh=`` and ``axis=`` say the same; default:
             one device for a table saved on one device). Another shard count than saved
             re-owns the keys.

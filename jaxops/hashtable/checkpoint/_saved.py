@@ -3,8 +3,8 @@ at a time, and checked as it is read.
 
 Every chunk is checked: its checksum (against the metadata's, per shard; a shard's sums are
 compared at its end), its flags (known bits; an empty slot is blank), each used slot's key
-on its probe path and no key twice (:class:`~jaxops.hashtable._walks.probe_check.ProbeCheck`), each key in the
-shard that owns it, and the shard's counts against its flags. A content fault found
+on its probe path and no key twice (:class:`~jaxops.hashtable._walks.probe_check.ProbeCheck`), each
+key in the shard that owns it, and the shard's counts against its flags. A content fault found
 mid-shard is raised after the shard's checksums, so that a damaged file is reported as a
 checksum mismatch (its cause) rather than as what the damage looks like. Every chunk has
 one shape (compiled once): the last one ends at the shard's end and repeats some slots of
@@ -38,16 +38,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxops.core.errors import CheckpointError
-from jaxops.hashtable.checkpoint._read import CHUNK_BYTES, release_freed
-from jaxops.hashtable.checkpoint._tree import (SHARD_FIELDS, SLOT_FIELDS, StatePart,
-                                                  TablePart, initializer_from_json, leaf_name)
-from jaxops.hashtable.checkpoint._checksums import (add_sums, chunk_sums, hex_sums, host_sums,
-                                            words_per_element)
-from jaxops.hashtable._table.murmur import home_slot
-from jaxops.hashtable._walks.probe_check import ProbeCheck
 from jaxops.hashtable._placement.route import owner_shard
+from jaxops.hashtable._table.murmur import home_slot
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID
 from jaxops.hashtable._table.words64 import EMPTY_WORD
+from jaxops.hashtable._walks.probe_check import ProbeCheck
+from jaxops.hashtable.checkpoint._checksums import (add_sums, chunk_sums, hex_sums, host_sums,
+                                                    words_per_element)
+from jaxops.hashtable.checkpoint._read import CHUNK_BYTES, release_freed
+from jaxops.hashtable.checkpoint._tree import (SHARD_FIELDS, SLOT_FIELDS, StatePart, TablePart,
+                                               initializer_from_json, leaf_name)
 
 __all__ = ["SavedTable", "check_state_shapes", "put_small", "state_from", "state_names"]
 
@@ -181,11 +181,11 @@ class SavedTable:
             s = a + int(np.argmax(bad))
             raise CheckpointError(self._content(i, f"slot {s}: flags {int(flags[s - a]):#x} "
                                                 "(known bits 0x1-0x8; an empty slot is blank)"))
-        home, owner = (np.asarray(x) for x in _homes(lo, hi, self.per, self.n))
-        if self.sharded and np.any((owner != i) & ~empty):
-            s = a + int(np.argmax((owner != i) & ~empty))
+        home, shard = (np.asarray(x) for x in _homes(lo, hi, self.per, self.n))
+        if self.sharded and np.any((shard != i) & ~empty):
+            s = a + int(np.argmax((shard != i) & ~empty))
             raise CheckpointError(self._content(i, f"the key at slot {s} belongs to shard "
-                                                f"{int(owner[s - a])}"))
+                                                f"{int(shard[s - a])}"))
         try:
             probe.feed(a, lo, hi, flags, home)
         except ValueError as e:

@@ -33,14 +33,13 @@ from jax.sharding import NamedSharding
 
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.memory import refuse_unless_fits
-from jaxops.hashtable.checkpoint._read import StoredArrays
-from jaxops.hashtable.checkpoint._reown import reown
-from jaxops.hashtable.checkpoint._saved import (SavedTable, check_state_shapes, put_small,
-                                                   state_from)
-from jaxops.hashtable.checkpoint._tree import SHARD_FIELDS, SLOT_FIELDS, StatePart, TablePart
 from jaxops.hashtable._placement.on_mesh import ShardedHashTable
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._table.words64 import Counter64
+from jaxops.hashtable.checkpoint._read import StoredArrays
+from jaxops.hashtable.checkpoint._reown import reown
+from jaxops.hashtable.checkpoint._saved import SavedTable, check_state_shapes, put_small, state_from
+from jaxops.hashtable.checkpoint._tree import SHARD_FIELDS, SLOT_FIELDS, StatePart, TablePart
 
 __all__ = ["restore_table"]
 

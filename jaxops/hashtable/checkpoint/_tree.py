@@ -238,17 +238,17 @@ def parts(tree: Any, op: str = "save") -> Parts:
     for path, name, x in found_states:
         inner_flat, inner_tree = jax.tree_util.tree_flatten_with_path(x)
         inner = {f"{name}.{leaf_name(p)}": v for p, v in inner_flat}
-        owner = _owner_table(op, path, name, inner, tables)
-        if owner is None:  # no table of its layout: its leaves are ordinary arrays
+        table_name = _table_of_state(op, path, name, inner, tables)
+        if table_name is None:  # no table of its layout: its leaves are ordinary arrays
             leaves.update(inner)
             where.update({f"{name}.{leaf_name(p)}": jax.tree_util.keystr(path + p)
                           for p, _ in inner_flat})
             loose[name] = (inner_tree, list(inner))
             nodes[nodes.index(("state", name))] = ("loose", name)
             continue
-        table = tables[owner]
+        table = tables[table_name]
         slot = [n for n, v in inner.items() if _has_slot_axis(v, table)]
-        states[name] = StatePart(name, jax.tree_util.keystr(path), x, owner, inner, slot)
+        states[name] = StatePart(name, jax.tree_util.keystr(path), x, table_name, inner, slot)
     kinds = {n: "plain" for n in leaves}
     for t in tables.values():
         kinds.update({n: "table" for n in t.fields()})
@@ -275,7 +275,7 @@ def _fits(inner: dict, table: TablePart) -> bool:
                                     for v in inner.values())
 
 
-def _owner_table(op: str, path: tuple, name: str, inner: dict, tables: dict) -> str | None:
+def _table_of_state(op: str, path: tuple, name: str, inner: dict, tables: dict) -> str | None:
     """The table a state belongs to: of its layout (its rows have the table's slot axis;
     a state without rows, one scalar per shard), the nearest (see the module docstring)."""
     fits = [t for t in tables.values() if _fits(inner, t)]

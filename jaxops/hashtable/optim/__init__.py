@@ -16,11 +16,10 @@ jitted step donates them.
 """
 
 from jaxops.hashtable.optim._optax import OptaxRowState, from_optax
-from jaxops.hashtable.optim._rows import (RowOptimizer, make_row_optimizer, slot_owners,
-                                          sum_by_slot)
-from jaxops.hashtable.optim._rules import (AdagradState, AdamState, FtrlState,
-                                           RowwiseAdagradState, SgdState, adagrad, adam, adamw,
-                                           ftrl, rowwise_adagrad, sgd)
+from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, slot_owners, sum_by_slot
+from jaxops.hashtable.optim._rules import (AdagradState, AdamState, FtrlState, RowwiseAdagradState,
+                                           SgdState, adagrad, adam, adamw, ftrl, rowwise_adagrad,
+                                           sgd)
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",

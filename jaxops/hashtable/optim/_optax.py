@@ -5,7 +5,7 @@ update the leaves shaped like a slot array (leading dimension ``bucket_size``) a
 the touched slots, ``tx.update`` runs on those rows only, and the results are written back.
 Other leaves (optax's scalar ``count``) advance once per update: they are global, so
 ``from_optax(optax.adam(lr))`` is TensorFlow's LazyAdam (global bias correction), whereas
-:func:`~.rules.adam` corrects each row with its own count.
+:func:`~jaxops.hashtable.optim.adam` corrects each row with its own count.
 
 **Which transforms are safe.** Only transforms whose update of an element depends on that
 element's gradient, parameter and state alone (and on global scalars). Safe: ``sgd`` (with
@@ -40,10 +40,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, slot_owners
 from jaxops.hashtable._table.table import HashTable
-from jaxops.hashtable._walks.slot_owner import SlotOwner
 from jaxops.hashtable._table.words64 import Counter64
+from jaxops.hashtable._walks.slot_owner import SlotOwner
+from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, slot_owners
 
 __all__ = ["OptaxRowState", "from_optax"]
 
@@ -80,8 +80,8 @@ def from_optax(tx: Any, name: str = "from_optax") -> RowOptimizer:
         name: used in error messages.
 
     Returns:
-        A :class:`~.rows.RowOptimizer`; its state is an :class:`OptaxRowState`. ``step`` is
-        ignored (optax keeps its own count).
+        A :class:`~jaxops.hashtable.optim.RowOptimizer`; its state is an :class:`OptaxRowState`.
+        ``step`` is ignored (optax keeps its own count).
     """
     if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
         raise OpArgumentError(f"hashtable.optim.{name}", "tx", "an optax GradientTransformation "

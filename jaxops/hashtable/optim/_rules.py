@@ -1,6 +1,6 @@
 """Row optimizers for hash tables: ``sgd``, ``adagrad``, ``rowwise_adagrad``, ``adam``,
-``adamw`` and ``ftrl`` (see :class:`~.rows.RowOptimizer` for the ``init`` / ``update``
-contract).
+``adamw`` and ``ftrl`` (see :class:`~jaxops.hashtable.optim.RowOptimizer` for the ``init`` /
+``update`` contract).
 
 Each touched row takes exactly the step the matching optax transform takes on that row
 (``optax.sgd``, ``optax.adagrad``, ``optax.adam``, ``optax.adamw``; ``ftrl`` follows
@@ -39,11 +39,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxops.hashtable.optim._rows import (RowOptimizer, make_row_optimizer, resolve,
-                                             slot_owners)
 from jaxops.hashtable._table.table import HashTable
-from jaxops.hashtable._walks.slot_owner import SlotOwner
 from jaxops.hashtable._table.words64 import Counter64
+from jaxops.hashtable._walks.slot_owner import SlotOwner
+from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, resolve, slot_owners
 
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "RowwiseAdagradState", "SgdState", "adagrad",
@@ -117,7 +116,7 @@ def _step(w: jax.Array, u: jax.Array, lr: Scalar) -> jax.Array:
 
 def sgd(learning_rate: Scalar) -> RowOptimizer:
     """Plain SGD on rows, ``w -= lr * g`` (``optax.sgd`` without momentum; for momentum
-    wrap ``optax.sgd(lr, momentum)`` with :func:`~.wrap.from_optax`).
+    wrap ``optax.sgd(lr, momentum)`` with :func:`~jaxops.hashtable.optim.from_optax`).
 
     >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
     >>> t = ht.init_table(8, 1, initializer_mode="constant", constant_value=1.0)
