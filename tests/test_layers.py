@@ -95,6 +95,7 @@ def test_no_operator_file_imports_another():
     assert {"jaxops.ops.nonzero", "jaxops.ops.nms.efficient_nms"} <= operators
     bad = {f: sorted(n & operators) for f, n in imports.items() if n & operators}
     assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail
 
 
 #: The layers of docs/ARCHITECTURE.md, bottom first; a module imports only its own layer and
@@ -192,6 +193,7 @@ def test_no_module_imports_a_private_name_of_another():
                 bad += [f"{path.relative_to(root)}: {node.module}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail
 
 
 #: The hash-table wing's folders, bottom first (docs/ARCHITECTURE.md): a module of the wing
@@ -282,7 +284,8 @@ def test_no_private_module_is_imported_from_outside_its_package():
             for private in _private_modules_imported(path):
                 if any(f"{private}.".startswith(f"{m}.") for m in WHITE_BOX.get(rel, ())):
                     continue
-                owner = ".".join(private.split(".")[:_private_part(private)])
-                if not (here + ".").startswith(owner + "."):
+                package = ".".join(private.split(".")[:_private_part(private)])
+                if not (here + ".").startswith(package + "."):
                     bad.append(f"{rel}: {private}")
     assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail
