@@ -75,7 +75,7 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
 
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, dense, ids, labels):
-        tables, looked = coll.lookup(state["tables"], features(ids))
+        tables, looked = coll.lookup_or_insert(state["tables"], features(ids))
 
         def loss(mlp, rows):
             pooled = coll.pool(looked, rows)

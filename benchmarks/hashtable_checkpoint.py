@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 
 import jaxops.hashtable as ht
 from benchmarks.common import Result
-from jaxops.ops.hashtable.checksums import array_sums
+from jaxops.hashtable.checkpoint._checksums import array_sums
 
 __all__ = ["run"]
 

@@ -1,12 +1,13 @@
-"""The ``jaxops`` command line: the demo, the operator list, golden data and benchmarks.
+"""The ``jaxops`` command line: the demo, the operator list and golden data.
 
     jaxops demo                 the main job (detection pipeline + hash-embedding training)
     jaxops ops [NAME] [--json]  registered operators: ports, dtypes, fill values, attrs,
                                 modes, backends
     jaxops golden OP [...]      a reference case for validating an Ascend kernel
                                 (jaxops golden OP --help lists OP's attributes)
-    jaxops bench [...]          benchmarks side by side with their peers (python -m
-                                benchmarks in the source checkout; --help lists them)
+
+The benchmarks are not part of the package: in a source checkout, ``python -m benchmarks``
+(``make bench``) runs them.
 
 Every jaxops error (unknown operator, bad attribute value, bad --seed, an --out that
 cannot be written) prints one line ``jaxops: error: ...`` and exits with status 2.
@@ -132,14 +133,8 @@ def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.Arg
     return 0
 
 
-def _cmd_bench(extra: list[str]) -> int:
-    from jaxops import bench
-
-    return bench.main(extra)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jaxops`` argument parser (golden's op attrs and bench's options pass through).
+    """The ``jaxops`` argument parser (golden's op attrs pass through).
 
     >>> build_parser().parse_args(["ops", "Unique", "--json"]).name
     'Unique'
@@ -176,10 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", help="input shape, e.g. 4,5,6 (OP --help says which input)")
     p.add_argument("--dtype", help="input dtype, e.g. float16, int8, bool, bfloat16")
     p.set_defaults(subparser=p)  # golden prints its own help (with OP: the op's attributes)
-
-    sub.add_parser("bench", add_help=False,
-                   help="benchmarks side by side with their peers (ratios); "
-                        "jaxops bench --help lists the modules")
     return parser
 
 
@@ -195,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "golden":
             return _cmd_golden(args, extra, args.subparser)
-        if args.command == "bench":
-            return _cmd_bench(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return {"demo": _cmd_demo, "ops": _cmd_ops}[args.command](args)

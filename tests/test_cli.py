@@ -1,4 +1,4 @@
-"""The jaxops command line: ops, golden, demo, bench, help and user errors."""
+"""The jaxops command line: ops, golden, demo, help and user errors."""
 
 import json
 import subprocess
@@ -197,47 +197,6 @@ def test_demo(capsys):
     code, out, _ = run(["demo"], capsys)
     assert code == 0
     assert "kept" in out and "loss" in out and "occupancy" in out and "Summary" in out
-
-
-def test_bench_runs_the_runner_and_writes_only_to_the_cache_dir(tmp_path, monkeypatch, capfd):
-    work, cache = tmp_path / "cwd", tmp_path / "cache"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    code = cli.main(["bench", "--quick", "--only", "nms"])
-    out = capfd.readouterr().out
-    assert code == 0 and "ratio" in out and "\r" not in out  # stdout is no terminal here
-    assert list(work.iterdir()) == []  # nothing in the current directory
-    data = json.loads((cache / "jaxops" / "bench" / "bench.json").read_text())
-    assert data["results"] and all(r["ratio"] > 0 and r["best_ratio"] > 0 for r in data["results"])
-    assert data["meta"]["glibc_hugepages"] is False and "huge pages for large buffers: off" in out
-    assert (cache / "jaxops" / "bench" / "bench.png").exists()
-
-
-def test_bench_help_lists_modules_and_only_refuses_unknown_ones(capfd):
-    assert cli.main(["bench", "--help"]) == 0
-    out = capfd.readouterr().out
-    for name in ("cases_dynamic", "cases_nms", "hashtable"):
-        assert f"\n  {name} " in out
-    assert cli.main(["bench", "--only", "nope"]) == 2
-    err = capfd.readouterr().err
-    listed = err.split("--only 'nope': expected one of ")[1].splitlines()[0].split(", ")
-    assert listed == sorted(listed) and {"cases_dynamic", "cases_nms", "hashtable"} <= set(listed)
-
-
-def test_bench_out_is_taken_from_the_callers_directory(tmp_path, monkeypatch):
-    from jaxops import bench
-    monkeypatch.chdir(tmp_path)
-    assert bench._absolute_out(["--quick", "--out", "r", "--out=s"]) == [
-        "--quick", "--out", str(tmp_path / "r"), f"--out={tmp_path / 's'}"]
-
-
-def test_bench_without_checkout_is_one_line(tmp_path, monkeypatch, capsys):
-    import jaxops
-    monkeypatch.setattr(jaxops, "__file__", str(tmp_path / "site-packages" / "jaxops" / "__init__.py"))
-    code, out, err = run(["bench", "--quick"], capsys)
-    assert code == 2 and out == "" and err.count("\n") == 1
-    assert err.startswith("jaxops: error: the benchmarks live in a source checkout")
 
 
 def test_python_dash_m_entry_point():

@@ -114,7 +114,6 @@ def test_jaxops_errors_reexports_every_exception_class():
     for name in classes:
         assert getattr(jaxops.errors, name) is getattr(core_errors, name)
     assert issubclass(core_errors.UsageError, core_errors.JaxopsError)
-    assert issubclass(core_errors.BenchmarksNotFound, core_errors.JaxopsError)
 
 
 # Cases of every operator with an independent reference, at attrs and input dtypes that

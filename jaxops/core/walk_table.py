@@ -1,6 +1,6 @@
 """Faster kernels for the hash tables' walks, registered by a backend; the hash ops ask here.
 
-The hash-table operations (``jaxops/ops/hashtable``) are built from a few walks over a
+The hash-table operations (``jaxops/hashtable``) are built from a few walks over a
 table: find each key (``find_slots``), group a batch's duplicates (``first_occurrences``),
 place new keys in batch order (``place_new_keys``), read rows by slot (``gather_rows``),
 or find keys and read their rows in one pass (``find_rows``).
