@@ -14,7 +14,7 @@ low noise, and the scores are scaled so that about 1 % of the (box, class) pairs
 Routes, each checked equal to its peer's detections before it is timed:
 
 - ``jaxops.non_max_suppression(boxes, scores, 300, iou, 0.25, max_detections=300,
-  pre_nms_top_k=K)`` — the README's recommended route — on the default backend (the
+  pre_nms_top_k=K)`` — the recommended route of docs/detection.md — on the default backend (the
   native kernel on the CPU) against ONNX Runtime's ``NonMaxSuppression`` (the op alone,
   without the per-image cap, which ORT does not have; target <= 0.8);
 - the same route on ``backend="xla"`` (what a GPU or TPU runs) against torchvision

@@ -21,7 +21,7 @@ Each training step is compiled once (ahead of time and called as compiled: a rec
 cannot happen unnoticed) and donates its state: XLA then updates table and optimizer state
 in place, where without donation it copies every table-sized buffer on each step. Reported:
 eval logloss and AUC (rank-based, numpy), steps/s, compile time, bytes of tables +
-optimizer state, and the loss curves (with matplotlib, the ``plot`` extra). The README
+optimizer state, and the loss curves (with matplotlib, the ``plot`` extra). docs/embeddings.md
 quotes a full run.
 
     python examples/click_model.py [--quick] [--plot PATH]
