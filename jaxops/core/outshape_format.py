@@ -30,7 +30,8 @@ import numpy as np
 
 from jaxops.core.errors import OutshapeError
 
-__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "to_host_words"]
+__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "host_words",
+           "to_host_words"]
 
 MAX_RANK = 8
 SLOT_WORDS = 1 + MAX_RANK
@@ -90,6 +91,31 @@ def encode(shapes: Sequence, dtype=np.int64, uint64_flag: bool = False) -> jax.A
     if not slots:
         return jnp.zeros((0,), word_dtype)
     return jnp.concatenate(slots)
+
+
+def host_words(shapes: Sequence, dtype=np.int64, uint64_flag: bool = False) -> np.ndarray:
+    """:func:`encode` on the host: the same words as a numpy array of ``dtype``, for
+    shapes known on the host (golden files), without a JAX computation.
+
+    Examples:
+      >>> import numpy as np
+      >>> host_words([(2, 3)], np.int64, uint64_flag=True)[:3].tolist()
+      [2147483650, 2, 3]
+      >>> bool((host_words([(2, 3)]) == to_host_words(encode([(2, 3)]))).all())
+      True
+    """
+    dt = _check_dtype(dtype)
+    if uint64_flag and dt != np.int64:
+        raise OutshapeError(f"host_words: the uint64 rank flag needs an int64 tensor, got {dt}")
+    words = np.zeros(SLOT_WORDS * len(shapes), dt)
+    for k, shape in enumerate(shapes):
+        dims = [int(d) for d in shape]
+        if len(dims) > MAX_RANK:
+            raise OutshapeError(f"host_words: shape {k} has rank {len(dims)}; OP_OUTSHAPE holds "
+                                f"at most {MAX_RANK} dims")
+        words[k * SLOT_WORDS] = len(dims) | (UINT64_FLAG if uint64_flag else 0)
+        words[k * SLOT_WORDS + 1:k * SLOT_WORDS + 1 + len(dims)] = dims
+    return words
 
 
 def to_host_words(buffer, dtype=np.int64) -> np.ndarray:
