@@ -146,11 +146,12 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
     """Reads the shapes out of an OP_OUTSHAPE tensor (host side).
 
     A rank word ≤ 0 gives a scalar shape and a warning; for int64 tensors the uint64 flag
-    (bit 31) is masked off.
+    (bit 31) is masked off (uint64 tensors are read as int64, as opbase does). The last slot
+    may stop after its dims (``1 + rank`` words: A2's NonZero writes 3 int32 words).
 
     Args:
       buffer: the shape tensor.
-      count: the number of slots to read (default: all ``len // 9``).
+      count: the number of slots to read (default: every slot begun, ``ceil(len / 9)``).
       individual: read the single-op-kernel variant: uint64 words, rank = word & 0x7F.
 
     Returns:
@@ -160,6 +161,8 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
       >>> import numpy as np
       >>> decode(np.array([0x80000002, 2, 3, 0, 0, 0, 0, 0, 0], np.int64))
       [(2, 3)]
+      >>> decode(np.array([2, 5, 3], np.int32))   # the short variant of A2's NonZero
+      [(5, 3)]
     """
     buf = np.asarray(jax.device_get(buffer))
     if buf.ndim != 1:
@@ -172,12 +175,14 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
     else:
         if buf.dtype == np.uint32:  # int64 words carried as uint32 with x64 off (see encode)
             buf = buf.astype(np.int64)
+        elif buf.dtype == np.uint64:  # opbase reads uint64 shape words as int64
+            buf = buf.view(np.int64)
         _check_dtype(buf.dtype)
         words = buf
-    slots = len(words) // SLOT_WORDS if count is None else int(count)
-    if slots * SLOT_WORDS > len(words) or slots < 0:
-        raise OutshapeError(f"decode: {slots} slots need {slots * SLOT_WORDS} words, the tensor "
-                            f"has {len(words)}")
+    slots = -(-len(words) // SLOT_WORDS) if count is None else int(count)
+    if (slots - 1) * SLOT_WORDS >= len(words) and slots > 0 or slots < 0:
+        raise OutshapeError(f"decode: {slots} slots need at least {(slots - 1) * SLOT_WORDS + 1} "
+                            f"words, the tensor has {len(words)}")
     shapes = []
     for k in range(slots):
         slot = words[k * SLOT_WORDS:(k + 1) * SLOT_WORDS]
@@ -195,5 +200,7 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
         if rank > MAX_RANK:
             raise OutshapeError(f"decode: slot {k} has rank {rank}; OP_OUTSHAPE holds at most "
                                 f"{MAX_RANK} dims")
+        if len(slot) < 1 + rank:
+            raise OutshapeError(f"decode: slot {k} has rank {rank} but {len(slot) - 1} dim words")
         shapes.append(tuple(int(d) for d in slot[1:1 + rank]))
     return shapes
