@@ -83,7 +83,15 @@ class Report:
         return all(o.passed for o in self.outputs)
 
     def text(self) -> str:
-        """The report as lines of text (what the CLI prints)."""
+        """The report as lines of text (what the CLI prints).
+
+        Examples:
+          >>> print(Report("g.npz", "a.npz", "NonZero", "aclnnNonzeroV2",
+          ...              [OutputReport("y", "int64", (2, 3), "exact", True, "PASS")]).text())
+          golden g.npz (NonZero, contract aclnnNonzeroV2); actual a.npz
+            output y int64 [2, 3] [exact]: PASS
+          PASS
+        """
         lines = [f"golden {self.golden} ({self.op}, contract {self.contract}); actual {self.actual}"]
         for o in self.outputs:
             lines.append(f"  output {o.name} {o.dtype} {list(o.shape)} [{o.rule}]: {o.verdict}")
@@ -218,5 +226,12 @@ def compare_case(golden: str | os.PathLike, actual: str | os.PathLike,
 
 
 def report_json(report: Report) -> str:
-    """The report as JSON text (``--json``)."""
+    """The report as JSON text (``--json``).
+
+    Examples:
+      >>> r = Report("g.npz", "a.npz", "NonZero", "aclnnNonzeroV2",
+      ...            [OutputReport("y", "int64", (2, 3), "exact", True, "PASS")])
+      >>> json.loads(report_json(r))["passed"]
+      True
+    """
     return json.dumps(report.as_dict(), indent=1, default=str)

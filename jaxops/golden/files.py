@@ -77,7 +77,12 @@ def target(op: str, seed: int, out: str | os.PathLike | None) -> str:
     """The ``.npz`` path ``out`` asks for: a file (``.npz`` appended when missing) in an
     existing directory, or an existing directory to write :func:`default_path` into
     (default: the current directory); a missing directory is refused, as ``ht.save``
-    refuses it. Checked before any work is done."""
+    refuses it. Checked before any work is done.
+
+    Examples:
+      >>> target("NonZero", 2, None), target("NonZero", 2, "/tmp/case")
+      ('golden_NonZero_seed2.npz', '/tmp/case.npz')
+    """
     if out is None:
         return default_path(op, seed)
     path = os.fspath(out)
@@ -95,13 +100,27 @@ def target(op: str, seed: int, out: str | os.PathLike | None) -> str:
 
 def targets(path: str, bin: bool) -> list[str]:
     """The paths a case at ``path`` (``.npz``) writes: itself, its ``.json``, its ``.bin``
-    folder when asked."""
+    folder when asked.
+
+    Examples:
+      >>> targets("d/c.npz", bin=True)
+      ['d/c.npz', 'd/c.json', 'd/c']
+    """
     stem = path[:-4]
     return [path, stem + ".json"] + ([stem] if bin else [])
 
 
 def refuse_existing(path: str, bin: bool, force: bool) -> None:
-    """Refuses to overwrite a case (or its ``.json`` / ``.bin`` folder) unless ``force``."""
+    """Refuses to overwrite a case (or its ``.json`` / ``.bin`` folder) unless ``force``.
+
+    Examples:
+      >>> import tempfile
+      >>> refuse_existing(tempfile.mkdtemp() + "/c.npz", bin=True, force=False)  # nothing there
+      >>> refuse_existing(tempfile.mkdtemp(), bin=False, force=False)
+      Traceback (most recent call last):
+      ...
+      jaxops.core.errors.OpArgumentError: golden: argument 'out': expected a path where no case is yet, got '/tmp/...'. Pass --force (force=True) to overwrite it, or choose another --out.
+    """
     if force:
         return
     there = [p for p in targets(path, bin) if os.path.exists(p)]
@@ -155,7 +174,16 @@ def write(path: str, arrays: dict[str, np.ndarray], description: dict, bin: bool
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """Reads a case: the description's fields plus ``"arrays"`` (dtypes restored; a format-1
-    file's max-shape outputs cut to their actual shapes, as format 2 stores them)."""
+    file's max-shape outputs cut to their actual shapes, as format 2 stores them).
+
+    Examples:
+      >>> import tempfile, os, ml_dtypes
+      >>> p = os.path.join(tempfile.mkdtemp(), "c.npz")
+      >>> x = np.ones(2, ml_dtypes.bfloat16)
+      >>> _ = write(p, {"input_x": x}, {"inputs": [describe_tensor("x", x)], "outputs": []})
+      >>> load(p)["arrays"]["input_x"].dtype
+      dtype(bfloat16)
+    """
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files if k != "description"}
         description = json.loads(z["description"].tobytes().decode())
