@@ -278,7 +278,7 @@ def test_the_docs_commands_are_ones_the_cli_takes():
         for line in re.findall(r"jaxops golden[^\n`|]*", text):
             words = line.split("#")[0].split()[2:]
             flags = [w for w in words if w.startswith("--")]
-            if not words or words[0] in ("check", "compare", "OP"):
+            if not words or words[0] in ("check", "compare", "OP", "Op"):
                 seen += 1
                 continue
             op = words[0]

@@ -75,12 +75,21 @@ _SPEC_MODULES = ("jaxops.golden.ops_specs", "jaxops.golden.hashtable_specs")
 MAX_DIMS = 8
 
 
+_importing: list[str] = []  # the spec modules being imported now
+
+
 def _load_specs(op: str | None = None) -> None:
     """Imports the spec modules until ``op``'s spec is registered (``None``: all of them)."""
     for module in _SPEC_MODULES:
         if op is not None and op in _SPECS:
             return
-        importlib.import_module(module)
+        if module in _importing:  # registering from inside it: the rest loads later
+            return
+        _importing.append(module)
+        try:
+            importlib.import_module(module)
+        finally:
+            _importing.remove(module)
 
 
 def _check_op(spec: GoldenSpec) -> None:
@@ -109,6 +118,7 @@ def register_golden(spec: GoldenSpec) -> GoldenSpec:
     """
     if "jaxops.core.registry" in sys.modules:
         _check_op(spec)
+    _load_specs(spec.op)  # a spec of the library's own for the op is a duplicate too
     if spec.op in _SPECS:
         raise DuplicateOpError(f"golden spec for {spec.op!r} registered twice")
     _SPECS[spec.op] = spec
