@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxops.core import loading
 from jaxops.core.backend_table import backend_status, requested_backend
 
 __all__ = ["WALKS", "probing_ops", "register_walk", "uses_walks", "walk_kernel", "walk_path"]
@@ -54,6 +55,8 @@ def register_walk(walk: str, backend: str, kernel: Callable) -> None:
 def walk_path() -> tuple[str, str]:
     """``(backend, why)``: the backend whose walks the hash ops take if traced now
     (``"xla"``: their own)."""
+    if not _KERNELS:
+        loading.load_all()  # the native walks register when the library loads
     if not _KERNELS:
         return "xla", "no backend registered hash-table walks"
     backend = next(iter(_KERNELS.values()))[0]
