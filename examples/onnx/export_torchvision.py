@@ -178,7 +178,9 @@ def build(name: str, small: bool) -> tuple[nn.Module, int]:
             **common)
     else:
         raise SystemExit(f"unknown model {name!r}")
-    if name != "fasterrcnn":  # its RPN needs torchvision's own initialisation
+    if name == "fasterrcnn":  # its RPN needs torchvision's initialisation; spread the scores
+        model.roi_heads.box_predictor.cls_score.weight.data *= 20.0
+    else:
         _spread_scores(model)
     return model.eval(), size
 

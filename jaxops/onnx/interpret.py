@@ -136,9 +136,6 @@ def _call(h: Handler, ctx: Context, inputs: list) -> list:
 def _bounded(h: Handler, ctx: Context, inputs: list, t: Tensor, k: int) -> Tensor:
     if t.lo is not None or t.concrete or t.dtype.kind not in "biuf":
         return t
-    if t.dtype.kind == "b" or h.bounds == "bool":
-        t.lo, t.hi = np.zeros(()), np.ones(())
-        return t
     try:
         found = _derive(h, ctx, inputs, t, k)
     except (JaxopsError, ValueError, TypeError, IndexError):
@@ -176,6 +173,13 @@ def _eval(h: Handler, ctx: Context, args: list, k: int) -> np.ndarray:
 
 def _derive(h: Handler, ctx: Context, inputs: list, t: Tensor, k: int):
     kind = h.bounds
+    if kind == "equal":  # known where the intervals are disjoint, or one same value
+        (la, ha), (lb, hb) = inputs[0].bounds(), inputs[1].bounds()
+        never = (ha < lb) | (la > hb)
+        always = (la == ha) & (lb == hb) & (la == lb)
+        return np.where(always, 1.0, 0.0), np.where(never, 0.0, 1.0), None
+    if kind == "bool" or (kind is None and t.dtype.kind == "b"):
+        return np.zeros(()), np.ones(()), None
     if kind in ("monotone", "antitone", "sub", "corners"):
         if not _finite(inputs):
             return None
@@ -217,12 +221,11 @@ def _copied(h: Handler, ctx: Context, inputs: list, t: Tensor, k: int):
         lo, hi = x.bounds()
         lo_all.append(np.broadcast_to(lo, x.shape).reshape(-1))
         hi_all.append(np.broadcast_to(hi, x.shape).reshape(-1))
-        syms_all.append(np.asarray(x.syms, object).reshape(-1) if x.syms is not None
-                        else np.full(n, None, object))
+        syms_all.append(x.syms.reshape(-1) if x.syms is not None else np.full(n, None, object))
         offset += n
     with jax.ensure_compile_time_eval():
         ids = np.asarray(_call(h, ctx, args)[k].data).astype(np.int64)
     lo, hi = np.concatenate(lo_all)[ids], np.concatenate(hi_all)[ids]
-    syms = np.concatenate(syms_all)[ids]
+    syms = np.concatenate(syms_all)[ids.reshape(-1)].reshape(ids.shape)
     return lo, hi, (syms if any(s is not None for s in syms.reshape(-1)) else None)
 

@@ -22,6 +22,7 @@ import numpy as np
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.core.memory import refuse_unless_fits
+from jaxops.core.narrowing import check_fits
 from jaxops.dynamic.tensor import Tensor
 from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
 from jaxops.onnx.interpret import run_graph
@@ -30,7 +31,7 @@ from jaxops.onnx.registry import HANDLERS
 __all__ = ["OPSETS", "Program", "load"]
 
 #: Default-domain opsets whose semantics the handlers implement.
-OPSETS = range(7, 24)
+OPSETS = range(7, 29)
 _DOMAINS = ("", "ai.onnx")
 
 
@@ -210,8 +211,8 @@ class Program:
             if rank != t.ndim or any(d is not None and d != m for d, m in zip(dims, t.shape)):
                 raise _fail(name, f"shape {[d if d is not None else '?' for d in dims]}",
                             list(t.shape))
-        if isinstance(t.data, np.ndarray):
-            t = Tensor(t.jax("jaxops.onnx", name))
+        if isinstance(t.data, np.ndarray):  # a host value stays known (checked now)
+            check_fits("jaxops.onnx", name, t.data)
         return t
 
 

@@ -11,8 +11,9 @@ give shape-feeding integers static bounds without a second copy of the op:
   the handler run on the lower bounds gives the lower bound, on the upper the upper;
 - ``"sub"``: increasing in the first input, decreasing in the second;
 - ``"corners"``: the hull of the handler run on every combination of bounds (``Mul``,
-  ``Div``);
-- ``"antitone"``: non-increasing (``Neg``);
+  ``Div``, and the order comparisons, which are monotone in each input);
+- ``"antitone"``: non-increasing (``Neg``, ``Not``);
+- ``"equal"``: ``Equal``, known where the intervals are disjoint (or one same value);
 - ``"copy"``: every output element is a copy of an element of the ``data`` inputs
   (``Gather``, ``Concat``, ``Slice``, ``Reshape``...): the handler run on element ids
   tells which, and bounds, known values and traced dims follow the copies;

@@ -25,11 +25,12 @@ def _pad_to(t: Tensor, shape) -> jax.Array:
 
 
 def _select(ctx, c, a: Tensor, b: Tensor) -> Tensor:
-    if a.ndim != b.ndim or a.dtype != b.dtype:
+    canon = lambda t: np.dtype(jax.dtypes.canonicalize_dtype(t.dtype))
+    if a.ndim != b.ndim or canon(a) != canon(b):
         raise ctx.error("branches", "outputs of one rank and dtype in both branches",
                         f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
     shape = tuple(max(m, n) for m, n in zip(a.shape, b.shape))
-    data = jnp.where(c, _pad_to(a, shape), _pad_to(b, shape))
+    data = jnp.where(c, _pad_to(a, shape), _pad_to(b, shape).astype(canon(a)))
     dims = []
     for k in range(a.ndim):
         da, db = a.dims[k], b.dims[k]

@@ -38,7 +38,7 @@ for _op, _fn, _b in [
         ("Asinh", jnp.arcsinh, None), ("Acosh", jnp.arccosh, None), ("Atanh", jnp.arctanh, None),
         ("Erf", jax.lax.erf, None), ("Sign", jnp.sign, "monotone"),
         ("Round", jnp.round, "monotone"), ("IsNaN", jnp.isnan, "bool"),
-        ("Not", jnp.logical_not, "bool"), ("BitwiseNot", jnp.bitwise_not, None),
+        ("Not", jnp.logical_not, "antitone"), ("BitwiseNot", jnp.bitwise_not, None),
         ("Softsign", lambda x: x / (1 + jnp.abs(x)), None),
         ("Softplus", lambda x: jnp.logaddexp(x, jnp.zeros((), x.dtype)), None),
         ("Mish", lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), x.dtype))), None),
@@ -47,10 +47,11 @@ for _op, _fn, _b in [
 
 for _op, _fn, _b in [
         ("Add", jnp.add, "monotone"), ("Sub", jnp.subtract, "sub"), ("Mul", jnp.multiply, "corners"),
-        ("Div", _int_div, "corners"), ("Pow", None, None), ("And", jnp.logical_and, "bool"),
-        ("Or", jnp.logical_or, "bool"), ("Xor", jnp.logical_xor, "bool"),
-        ("Equal", jnp.equal, "bool"), ("Less", jnp.less, "bool"), ("Greater", jnp.greater, "bool"),
-        ("LessOrEqual", jnp.less_equal, "bool"), ("GreaterOrEqual", jnp.greater_equal, "bool"),
+        ("Div", _int_div, "corners"), ("Pow", None, None), ("And", jnp.logical_and, "monotone"),
+        ("Or", jnp.logical_or, "monotone"), ("Xor", jnp.logical_xor, "bool"),
+        ("Equal", jnp.equal, "equal"), ("Less", jnp.less, "corners"),
+        ("Greater", jnp.greater, "corners"), ("LessOrEqual", jnp.less_equal, "corners"),
+        ("GreaterOrEqual", jnp.greater_equal, "corners"),
         ("BitwiseAnd", jnp.bitwise_and, None), ("BitwiseOr", jnp.bitwise_or, None),
         ("BitwiseXor", jnp.bitwise_xor, None)]:
     if _fn is not None:

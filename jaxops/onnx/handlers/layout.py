@@ -43,7 +43,9 @@ def _shape(ctx, x):
     out = Tensor(data)
     out.lo = np.array([d if isinstance(d, int) else 0 for d in dims], np.float64)
     out.hi = np.array(maxes, np.float64)
-    out.syms = np.array([None if isinstance(d, int) else d for d in dims], object)
+    out.syms = np.empty(len(dims), object)  # (np.array would try to read the tracers)
+    for k, d in enumerate(dims):
+        out.syms[k] = None if isinstance(d, int) else d
     return out
 
 
@@ -63,8 +65,9 @@ def _reshape(ctx, x, shape):
     for k, d in enumerate(dims):
         if isinstance(d, int) and d == 0 and not allow_zero:
             dims[k], maxes[k] = x.dims[k], x.shape[k]
-    if -1 in dims:
-        k = dims.index(-1)
+    minus = [k for k, d in enumerate(dims) if isinstance(d, int) and d == -1]
+    if minus:
+        k = minus[0]
         others = [d for j, d in enumerate(dims) if j != k]
         total = int(np.prod(x.shape))
         if x.is_static and all(isinstance(d, int) for d in others):
