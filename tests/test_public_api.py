@@ -27,6 +27,11 @@ PUBLIC = {
         "init_sharded_table", "init_table", "load", "locate", "lookup", "lookup_or_insert",
         "maintain", "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy", "words",
     ],
+    "jaxops.dynamic": [
+        "IDENTITIES", "RULES", "Tensor", "argmax", "concat", "elementwise", "gather", "matmul",
+        "plan_shape", "reduce", "rules", "softmax", "top_k",
+    ],
+    "jaxops.onnx": ["OPSETS", "Program", "load", "supported_ops"],
     "jaxops.hashtable.checkpoint": ["Checkpointer", "Restore", "Save", "TrainStateHandler"],
     "jaxops.hashtable.cann": [
         "EVICTED", "EXPORT", "FILTER", "VALID", "from_cann_bytes", "handle_counters",

@@ -31,7 +31,7 @@ from jaxops.onnx.registry import HANDLERS
 __all__ = ["OPSETS", "Program", "load"]
 
 #: Default-domain opsets whose semantics the handlers implement.
-OPSETS = range(7, 29)
+OPSETS = range(1, 29)
 _DOMAINS = ("", "ai.onnx")
 
 
@@ -78,10 +78,6 @@ def _external_inside(proto: Any, folder: pathlib.Path | None) -> None:
 def _check_graph(proto: Any) -> int:
     import onnx
 
-    try:
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise _fail("model", "a well-formed ONNX graph", f"{type(e).__name__}: {e}") from e
     opset = None
     for imp in proto.opset_import:
         if imp.domain in _DOMAINS:
@@ -92,7 +88,11 @@ def _check_graph(proto: Any) -> int:
     if opset is None or opset not in OPSETS:
         raise _fail("model", f"default-domain opset in [{OPSETS.start}, {OPSETS.stop - 1}]",
                     opset)
-    _check_nodes(proto.graph, opset, set())
+    _check_nodes(proto.graph, opset, set())  # first: an op we lack is named as such
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise _fail("model", "a well-formed ONNX graph", f"{type(e).__name__}: {e}") from e
     return opset
 
 
@@ -123,6 +123,16 @@ def _check_nodes(graph: Any, opset: int, outer: set[str]) -> None:
                         f"undefined {o.name!r}")
 
 
+def _plan(t: Any) -> None:
+    """Refuses an initializer whose declared shape cannot fit in memory, before reading it."""
+    from onnx import helper
+
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
+                       math.prod(t.dims) * np.dtype(dtype).itemsize,
+                       f"the declared {list(t.dims)} {np.dtype(dtype).name} tensor")
+
+
 def _declared(value: Any) -> tuple[int | None, list[int | None], int]:
     t = value.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] \
@@ -144,16 +154,6 @@ class Program:
         self.output_names = list(outputs) if outputs else [o.name for o in proto.graph.output]
         self.fill_value = fill_value
         self._inits: dict[str, np.ndarray] = {}
-        for t in proto.graph.initializer:
-            self._plan(t)
-
-    def _plan(self, t: Any) -> None:
-        from onnx import helper
-
-        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-        refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
-                           math.prod(t.dims) * np.dtype(dtype).itemsize,
-                           f"the declared {list(t.dims)} {np.dtype(dtype).name} tensor")
 
     def initializer(self, t: Any) -> np.ndarray:
         """An initializer (or Constant's tensor) as a host array, its external data read
@@ -165,7 +165,7 @@ class Program:
         if key and key in self._inits:
             return self._inits[key]
         if uses_external_data(t):
-            self._plan(t)
+            _plan(t)
             arr = numpy_helper.to_array(t, base_dir=str(self.folder))
         else:
             arr = numpy_helper.to_array(t)
@@ -265,5 +265,7 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
     """
     proto, folder = _read(model)
     _external_inside(proto, folder)
+    for t in proto.graph.initializer:
+        _plan(t)
     opset = _check_graph(proto)
     return Program(proto, folder, opset, capacities, outputs, fill_value)
