@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.dynamic.tensor import Dim, Tensor, is_traced, plan_shape
+from jaxops.dynamic.tensor import Dim, Tensor, dims_product, is_traced, plan_shape
 
 __all__ = [
     "IDENTITIES", "RULES", "arg_reduce", "broadcast_dims", "concat", "elementwise", "expand",
@@ -340,12 +340,7 @@ def reshape(t: Tensor, dims: Sequence[Dim], shape: Sequence[int], op: str = "Res
 @rule
 def flatten(t: Tensor, axis: int) -> Tensor:
     axis %= t.ndim + 1 if t.ndim else 1
-    def prod(ds):
-        n: Dim = 1
-        for d in ds:
-            n = n * d
-        return n
-    return reshape(t, [prod(t.dims[:axis]), prod(t.dims[axis:])],
+    return reshape(t, [dims_product(t.dims[:axis]), dims_product(t.dims[axis:])],
                    [math.prod(t.shape[:axis]), math.prod(t.shape[axis:])], "Flatten")
 
 
@@ -395,16 +390,14 @@ def concat(ts: Sequence[Tensor], axis: int) -> Tensor:
     dims = []
     for k in range(ts[0].ndim):
         if k == axis:
-            size: Dim = 0
-            for t in ts:
-                size = size + t.dims[axis]
+            static = sum(t.dims[axis] for t in ts if isinstance(t.dims[axis], int))
+            traced = [t.dims[axis] for t in ts if not isinstance(t.dims[axis], int)]
+            size = static if not traced else sum(traced[1:], traced[0]) + static \
+                if static or len(traced) > 1 else traced[0]  # one part: its own dim
             dims.append(size)
-        else:
+        else:  # equal in a valid program: a static size if one is, else the first's dim
             ds = [t.dims[k] for t in ts]
-            d = ds[0]
-            for e in ds[1:]:
-                d = d if _same(d, e) else _imax(d, e)
-            dims.append(d)
+            dims.append(next((d for d in ds if isinstance(d, int)), ds[0]))
     if all(isinstance(t.dims[axis], int) for t in ts):
         return Tensor(data, dims, lost=_lost(*ts))
     pos = jnp.arange(data.shape[axis], dtype=jnp.int32)

@@ -43,7 +43,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.core.memory import refuse_unless_fits
 from jaxops.core.narrowing import check_fits
 
-__all__ = ["Dim", "Tensor", "dim_bounds", "is_traced", "plan_shape"]
+__all__ = ["Dim", "Tensor", "dim_bounds", "dims_product", "is_traced", "plan_shape"]
 
 #: A dim: a static Python int, or a traced int32 scalar.
 Dim = Any
@@ -56,6 +56,23 @@ def is_traced(x: Any) -> bool:
 def dim_bounds(d: Dim, max_size: int) -> tuple[int, int]:
     """``(lo, hi)`` of one dim whose max size is ``max_size``."""
     return (d, d) if isinstance(d, (int, np.integer)) else (0, max_size)
+
+
+def dims_product(dims) -> Dim:
+    """The product of dims; a traced dim times static 1s is that dim itself (its identity
+    tells a later Reshape that the axis stayed)."""
+    static, traced = 1, []
+    for d in dims:
+        if isinstance(d, (int, np.integer)):
+            static *= int(d)
+        else:
+            traced.append(d)
+    if not traced:
+        return static
+    out = traced[0]
+    for d in traced[1:]:
+        out = out * d
+    return out if static == 1 else out * static
 
 
 def plan_shape(op: str, arg: str, shape: tuple[int, ...], dtype: Any) -> tuple[int, ...]:
@@ -179,10 +196,7 @@ class Tensor:
             else jnp.zeros((0,), jnp.int32)
 
     def numel(self) -> Dim:
-        n: Dim = 1
-        for d in self.dims:
-            n = n * d
-        return n
+        return dims_product(self.dims)
 
     def axis_mask(self, axes=None) -> jax.Array | None:
         """Bool, broadcastable to the max shape: inside the valid block along ``axes``

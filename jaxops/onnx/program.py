@@ -174,6 +174,23 @@ class Program:
         return arr
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[jax.Array | DynArray]:
+        env = self._run(args, kwargs)
+        outs = []
+        for name in self.output_names:
+            if name not in env:
+                raise _fail("outputs", "names of values in the graph", repr(name))
+            outs.append(env[name].to_public(self.fill_value))
+        return outs
+
+    def values(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | DynArray]:
+        """Every value of the main graph computed at run time (those known at trace time,
+        such as folded shape arithmetic, are left out), by name: for comparing a model's
+        intermediate results, or measuring its memory plan. Jittable."""
+        env = self._run(args, kwargs)
+        return {o: env[o].to_public(self.fill_value) for n in self.proto.graph.node
+                for o in n.output if o in env and not env[o].concrete}
+
+    def _run(self, args: tuple, kwargs: dict) -> dict:
         values = dict(zip(self.input_names, args))
         if len(args) > len(self.input_names):
             raise _fail("inputs", f"at most {len(self.input_names)} inputs "
@@ -189,13 +206,7 @@ class Program:
         declared = {v.name: v for v in self.proto.graph.input}
         for name, v in values.items():
             env[name] = self._input(name, declared[name], v)
-        env = run_graph_env(self, env)
-        outs = []
-        for name in self.output_names:
-            if name not in env:
-                raise _fail("outputs", "names of values in the graph", repr(name))
-            outs.append(env[name].to_public(self.fill_value))
-        return outs
+        return run_graph_env(self, env)
 
     def _input(self, name: str, value: Any, x: Any) -> Tensor:
         from onnx import helper

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.dynamic import rules
-from jaxops.dynamic.tensor import Tensor, plan_shape
+from jaxops.dynamic.tensor import Tensor, dims_product, plan_shape
 from jaxops.onnx.handlers.common import dims_from, jax_dtype, scalar
 from jaxops.onnx.registry import handler
 
@@ -70,16 +70,28 @@ def _reshape(ctx, x, shape):
         k = minus[0]
         others = [d for j, d in enumerate(dims) if j != k]
         total = int(np.prod(x.shape))
-        if x.is_static and all(isinstance(d, int) for d in others):
-            dims[k] = maxes[k] = total // max(int(np.prod(others)), 1)
+        left, right = _cancel(list(x.dims), others)  # a dim that is on both sides
+        if all(isinstance(d, int) for d in left + right):
+            dims[k] = maxes[k] = int(np.prod(left)) // max(int(np.prod(right)), 1)
         else:
-            known = 1
-            for d in others:
-                known = known * d
-            dims[k] = x.numel() // jnp.maximum(jnp.asarray(known, jnp.int32), 1)
+            known = dims_product(right)
+            dims[k] = dims_product(left) // jnp.maximum(jnp.asarray(known, jnp.int32), 1)
             lo = int(np.prod([max(1, d) if isinstance(d, int) else 1 for d in others]))
             maxes[k] = total // lo
     return rules.reshape(x, dims, maxes, ctx.where)
+
+
+def _cancel(left: list, right: list) -> tuple[list, list]:
+    """Both lists of dims without the dims they share (the same traced dim, or equal ints)."""
+    left, rest = list(left), []
+    for d in right:
+        hit = next((i for i, e in enumerate(left) if e is d or (
+            isinstance(e, int) and isinstance(d, int) and e == d)), None)
+        if hit is None:
+            rest.append(d)
+        else:
+            left.pop(hit)
+    return left, rest
 
 
 @handler("Flatten", bounds="copy")
