@@ -163,9 +163,11 @@ def reduce(t: Tensor, kind: str, axes: Sequence[int], keepdims: bool) -> Tensor:
         for a in axes:
             count = count * t.dims[a]
         return total.with_data(total.data / jnp.asarray(count, total.data.dtype))
-    x = t.masked(IDENTITIES[kind](t.dtype), axes)
-    return Tensor(_REDUCERS[kind](x, axis=axes, keepdims=keepdims), _keep(t, axes, keepdims),
-                  lost=t.lost)
+    identity = IDENTITIES[kind](jax.dtypes.canonicalize_dtype(t.dtype))  # what JAX holds
+    x = t.masked(identity, axes)
+    extra = {"initial": identity} if kind in ("max", "min") else {}  # an empty set: identity
+    return Tensor(_REDUCERS[kind](x, axis=axes, keepdims=keepdims, **extra),
+                  _keep(t, axes, keepdims), lost=t.lost)
 
 
 @rule
@@ -339,7 +341,7 @@ def reshape(t: Tensor, dims: Sequence[Dim], shape: Sequence[int], op: str = "Res
 
 @rule
 def flatten(t: Tensor, axis: int) -> Tensor:
-    axis %= t.ndim + 1 if t.ndim else 1
+    axis = axis + t.ndim if axis < 0 else axis
     return reshape(t, [dims_product(t.dims[:axis]), dims_product(t.dims[axis:])],
                    [math.prod(t.shape[:axis]), math.prod(t.shape[axis:])], "Flatten")
 

@@ -64,7 +64,8 @@ def needs_x64(case) -> bool:
         for a in n.attribute:
             if a.type == a.TENSOR:
                 consts.append(numpy_helper.to_array(a.t))
-    return any(_wide(list(i) + list(o) + consts) for i, o in case.data_sets)
+    return any(_wide([_array(v) for v in list(i) + list(o)] + consts)
+               for i, o in case.data_sets)
 
 
 #: Input positions that say a shape, axes, sizes or counts: in a model they are constants
@@ -88,6 +89,13 @@ def static_inputs(model) -> set[str]:
             if name in names and k in SHAPE_INPUTS.get(n.op_type, ())}
 
 
+def _array(v):
+    """A data set's value as numpy (special types come as TensorProtos)."""
+    from onnx import TensorProto, numpy_helper
+
+    return numpy_helper.to_array(v) if isinstance(v, TensorProto) else v
+
+
 def run(case):
     """Runs every data set of ``case`` under jit; raises AssertionError on a mismatch."""
     import jaxops
@@ -97,6 +105,7 @@ def run(case):
     static = static_inputs(case.model)
     names = program.input_names
     for inputs, expected in case.data_sets:
+        inputs, expected = [_array(v) for v in inputs], [_array(v) for v in expected]
         fixed = {n: v for n, v in zip(names, inputs) if n in static}
         traced = [v for n, v in zip(names, inputs) if n not in static]
         fn = jax.jit(lambda *xs: program(**fixed, **dict(zip(

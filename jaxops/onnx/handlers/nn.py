@@ -67,7 +67,7 @@ def _conv_transpose(ctx, x, w, b=None):
         for i in range(n):
             t = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + ((kernel[i] - 1) * dil[i] + 1) \
                 - want[i]
-            total.append(max(t, 0))
+            total.append(t)  # negative: the output grows
         upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
         pads = [t // 2 if upper else t - t // 2 for t in total] + \
             [t - t // 2 if upper else t // 2 for t in total]
@@ -200,36 +200,38 @@ def _lrn(ctx, x):
 
 
 # -- Resize --------------------------------------------------------------------------------
-def _source(mode, out_size, in_size, scale, roi_lo=0.0, roi_hi=1.0):
-    i = jnp.arange(out_size, dtype=jnp.float32)
+def _source(mode, out_size, in_size, scale, roi_lo=0.0, roi_hi=1.0) -> np.ndarray:
+    """Where each output position samples the input (ONNX's coordinate transforms), in
+    float64 on the host: the sizes are static, and float32 would round a 0.5 the wrong way."""
+    i = np.arange(out_size, dtype=np.float64)
     if mode == "half_pixel":
         return (i + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (i + 0.5) / scale - 0.5 if out_size > 1 else jnp.zeros_like(i)
-    if mode == "align_corners":
-        return i * (in_size - 1) / max(out_size - 1, 1) if out_size > 1 else jnp.zeros_like(i)
+        return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros_like(i)
+    if mode == "align_corners":  # ONNX divides by the unrounded output length
+        length = in_size * scale
+        return i * (in_size - 1) / (length - 1) if length > 1 else np.zeros_like(i)
     if mode == "asymmetric":
         return i / scale
     if mode == "half_pixel_symmetric":
         adj = out_size / (scale * in_size)
-        center = in_size / 2
-        off = center * (1 - adj)
+        off = in_size / 2 * (1 - adj)
         return off + (i + 0.5) / scale - 0.5
     if mode == "tf_crop_and_resize":
         if out_size > 1:
             return roi_lo * (in_size - 1) + i * (roi_hi - roi_lo) * (in_size - 1) / (out_size - 1)
-        return jnp.full_like(i, 0.5 * (roi_lo + roi_hi) * (in_size - 1))
+        return np.full_like(i, 0.5 * (roi_lo + roi_hi) * (in_size - 1))
     raise ValueError(f"coordinate_transformation_mode {mode!r}")
 
 
 def _nearest(x, mode):
     if mode == "round_prefer_ceil":
-        return jnp.floor(x + 0.5)
+        return np.floor(x + 0.5)
     if mode == "floor":
-        return jnp.floor(x)
+        return np.floor(x)
     if mode == "ceil":
-        return jnp.ceil(x)
-    return jnp.ceil(x - 0.5)  # round_prefer_floor
+        return np.ceil(x)
+    return np.ceil(x - 0.5)  # round_prefer_floor
 
 
 @handler("Resize", "Upsample")
@@ -241,6 +243,8 @@ def _resize(ctx, x, roi=None, scales=None, sizes=None):
     if ctx.op_type == "Upsample" or ctx.opset < 11:
         ctm = "asymmetric"
     nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
+    if ctx.op_type == "Upsample" or ctx.opset < 11:  # before opset 11 "nearest" floors
+        nearest_mode = "floor"
     if mode not in ("nearest", "linear") or ctx.attr("antialias", 0) or \
             ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise ctx.error("mode", "nearest or linear (no antialias, stretch)", mode)
@@ -264,13 +268,13 @@ def _resize(ctx, x, roi=None, scales=None, sizes=None):
             lo_hi = (r[axes.index(a)], r[axes.index(a) + len(axes)]) if r is not None else (0, 1)
             src = _source(ctm, n_out, n_in, sc[a], *lo_hi)
             if mode == "nearest":
-                idx = jnp.clip(_nearest(src, nearest_mode), 0, n_in - 1).astype(jnp.int32)
+                idx = np.clip(_nearest(src, nearest_mode), 0, n_in - 1).astype(np.int32)
                 v = jnp.take(v, idx, axis=a)
             else:
-                src = jnp.clip(src, 0, n_in - 1)
-                lo = jnp.floor(src).astype(jnp.int32)
-                hi = jnp.minimum(lo + 1, n_in - 1)
-                w = (src - lo).astype(v.dtype)
+                src = np.clip(src, 0, n_in - 1)
+                lo = np.floor(src).astype(np.int32)
+                hi = np.minimum(lo + 1, n_in - 1)
+                w = jnp.asarray(src - lo, v.dtype)
                 shape = [1] * v.ndim
                 shape[a] = n_out
                 w = w.reshape(shape)
