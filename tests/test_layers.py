@@ -110,7 +110,7 @@ def test_no_operator_file_imports_another():
 #: those below. Everything else of ``jaxops`` (the package's face: ``__init__``, cli, bench,
 #: demo, errors, hashtable, embedding, nnx, equinox) is the top layer.
 LAYERS = [("jaxops.core",), ("jaxops.backends", "jaxops.native"), ("jaxops.capacity",),
-          ("jaxops.ops",), ("jaxops.dynamic",), ("jaxops.golden",), ("tracing",),
+          ("jaxops.ops",), ("jaxops.golden",), ("tracing",), ("jaxops.dynamic",),
           ("jaxops.onnx",)]
 
 

@@ -174,14 +174,16 @@ def build(name: str, small: bool) -> tuple[nn.Module, int]:
             body, None, rpn_anchor_generator=AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * 3),
             box_roi_pool=MultiScaleRoIAlign(["0", "1", "pool"], 7, 2),
             box_head=TwoMLPHead(16 * 7 * 7, 32), box_predictor=FastRCNNPredictor(32, classes),
-            rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_test=100, box_score_thresh=0.05,
+            rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_test=100, box_score_thresh=0.4,
             **common)
     else:
         raise SystemExit(f"unknown model {name!r}")
-    if name == "fasterrcnn":  # its RPN needs torchvision's initialisation; spread the scores
-        model.roi_heads.box_predictor.cls_score.weight.data *= 20.0
-    else:
-        _spread_scores(model)
+    _spread_scores(model)
+    if name == "fasterrcnn":  # box deltas near 0: proposals and boxes stay on the image
+        for layer in (model.rpn.head.bbox_pred, model.roi_heads.box_predictor.bbox_pred):
+            layer.weight.data *= 0.05
+        for layer in (model.rpn.head.cls_logits, model.roi_heads.box_predictor.cls_score):
+            layer.weight.data *= 0.03  # scores not saturated (no ties at 1.0)
     return model.eval(), size
 
 

@@ -42,6 +42,7 @@ class Context:
         self.op_type = node.op_type
         self.name = node.name or f"{node.op_type}->{node.output[0] if node.output else ''}"
         self.attrs = attrs_of(node)
+        self.env: dict = {}  # the values in scope (for subgraphs)
 
     def attr(self, name: str, default: Any = None) -> Any:
         v = self.attrs.get(name, default)
@@ -91,7 +92,7 @@ def run_graph(graph: Any, env: dict, opset: int, program: Any) -> list[Tensor]:
 def run_node(node: Any, env: dict, opset: int, program: Any) -> None:
     h = HANDLERS[node.op_type]
     ctx = Context(node, opset, program)
-    ctx._env = env
+    ctx.env = env
     inputs = []
     for name in node.input:
         if not name:

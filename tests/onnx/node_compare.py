@@ -31,7 +31,7 @@ def with_outputs(model, names):
 
 
 def compare(model, feeds: list[dict], rtol=1e-4, atol=1e-4, names=None):
-    """Runs ``model`` on each feed with both; returns ``(compiles, rows)``: one row
+    """Runs ``model`` on each feed with both; returns ``(compiles, rows, theirs)``: one row
     ``(feed index, name, op, ok, why)`` per compared value; float values within
     ``rtol`` and ``atol`` times the value's largest magnitude (at least 1), every other
     dtype exact."""
@@ -76,7 +76,7 @@ def compare(model, feeds: list[dict], rtol=1e-4, atol=1e-4, names=None):
                 ok = np.array_equal(a.astype(b.dtype), b)
                 rows.append((i, name, ops[name], ok, "" if ok else
                              f"{int(np.sum(a.astype(b.dtype) != b))} of {b.size} differ"))
-    return len(traces), rows
+    return len(traces), rows, dict(zip(range(len(feeds)), [dict(zip(names, r)) for r in results]))
 
 
 if __name__ == "__main__":
@@ -86,7 +86,7 @@ if __name__ == "__main__":
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     feeds = [{model.graph.input[0].name: np.random.RandomState(s).rand(*dims).astype(np.float32)}
              for s in range(int(sys.argv[2]) if len(sys.argv) > 2 else 2)]
-    compiles, rows = compare(model, feeds)
+    compiles, rows, _ = compare(model, feeds)
     bad = [r for r in rows if not r[3]]
     print(f"compiles {compiles}, values {len(rows)}, mismatches {len(bad)}")
     for r in bad[:15]:

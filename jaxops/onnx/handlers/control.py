@@ -51,7 +51,7 @@ def _select(ctx, c, a: Tensor, b: Tensor) -> Tensor:
 
 @handler("If")
 def _if(ctx, cond):
-    env = ctx._env
+    env = ctx.env
     if cond.concrete:
         branch = "then_branch" if bool(np.asarray(cond.data).reshape(-1)[0]) else "else_branch"
         return tuple(ctx.subgraph(branch, [], env))
@@ -63,7 +63,7 @@ def _if(ctx, cond):
 
 @handler("Loop")
 def _loop(ctx, trip=None, cond=None, *carried):
-    env = ctx._env
+    env = ctx.env
     body = ctx.attrs["body"]
     n_scan = len(body.output) - 1 - len(carried)
     m = scalar(trip)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import warnings
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxops.dynamic import rules
 from jaxops.dynamic.tensor import Tensor
-from jaxops.onnx.handlers.common import scalar
+from jaxops.onnx.handlers.common import jax_dtype, scalar
 from jaxops.onnx.registry import handler
 from jaxops.ops.masked_select import masked_select
 from jaxops.ops.nms import non_max_suppression
@@ -26,9 +25,8 @@ def _public(t: Tensor):
     return t.to_public(0)
 
 
-def _of(d, static_axes=(), ctx=None, k=0):
-    t = Tensor.of(d, static_axes)
-    return t
+def _of(d, static_axes=()):
+    return Tensor.of(d, static_axes)
 
 
 @handler("NonZero")
@@ -68,13 +66,8 @@ def _unique(ctx, x):
                               return_inverse=True, return_counts=True, overflow="truncate")
     y = _of(y, static_axes=tuple(k for k in range(x.ndim) if k != (axis or 0) % max(x.ndim, 1))
             if axis is not None else ())
-    itype = jnp.dtype(jnp.int64) if jnp.zeros((), jnp.int64).dtype == jnp.int64 else jnp.int32
-    outs = [y]
-    for d in (idx, inv, cnt):
-        t = _of(d)
-        t.data = t.data.astype(itype)
-        outs.append(t)
-    return tuple(outs)
+    itype = jax_dtype(7)  # ONNX's int64, as JAX holds it
+    return (y, *(rules.elementwise(lambda v: v.astype(itype), _of(d)) for d in (idx, inv, cnt)))
 
 
 @handler("Compress")

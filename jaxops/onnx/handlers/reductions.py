@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxops.dynamic import rules
 from jaxops.dynamic.tensor import Tensor
-from jaxops.onnx.handlers.common import scalar
+from jaxops.onnx.handlers.common import jax_dtype, scalar
 from jaxops.onnx.registry import handler
 
 _KINDS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
@@ -37,10 +37,7 @@ for _op, _kind in _KINDS.items():
 def _arg(ctx, x):
     out = rules.arg_reduce(x, "max" if ctx.op_type == "ArgMax" else "min", ctx.attr("axis", 0),
                            bool(ctx.attr("keepdims", 1)), bool(ctx.attr("select_last_index", 0)))
-    out.data = out.data.astype(jnp.int64 if out.data.dtype.itemsize == 8 else out.data.dtype)
-    from jaxops.onnx.handlers.common import jax_dtype
-    out.data = out.data.astype(jax_dtype(7))
-    return out
+    return out.with_data(out.data.astype(jax_dtype(7)))
 
 
 @handler("Softmax", "LogSoftmax", "Hardmax")
@@ -86,8 +83,7 @@ def _topk(ctx, x, k):
     if isinstance(kk, int) and kk > x.shape[axis]:
         raise ctx.error("K", f"at most the axis size {x.shape[axis]}", kk)
     values, indices = rules.top_k(x, kk, k_max, axis, largest)
-    from jaxops.onnx.handlers.common import jax_dtype
-    indices.data = indices.data.astype(jax_dtype(7))
+    indices = indices.with_data(indices.data.astype(jax_dtype(7)))
     indices.lo, indices.hi = np.zeros(()), np.asarray(float(max(x.shape[axis] - 1, 0)))
     return values, indices
 
