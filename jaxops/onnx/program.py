@@ -182,6 +182,15 @@ class Program:
             outs.append(env[name].to_public(self.fill_value))
         return outs
 
+    def check_inputs(self, *args: Any, **kwargs: Any) -> None:
+        """Refuses, on the host, a 64-bit input that JAX with x64 off would change
+        (:class:`~jaxops.errors.OpDTypeError`). ``jax.jit`` narrows numpy inputs before
+        the program sees them, so call this before a jitted call with host data; an eager
+        call checks by itself."""
+        for name, x in [*zip(self.input_names, args), *kwargs.items()]:
+            if isinstance(x, (np.ndarray, np.generic)):
+                check_fits("jaxops.onnx", name, x)
+
     def values(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | DynArray]:
         """Every value of the main graph computed at run time (those known at trace time,
         such as folded shape arithmetic, are left out), by name: for comparing a model's
