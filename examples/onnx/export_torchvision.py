@@ -128,7 +128,7 @@ def _tiny_mobilenet(**kw):
                                                  reduced_tail=True, **kw)
 
 
-def build(name: str, small: bool) -> tuple[nn.Module, int]:
+def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]:
     """The model (eval mode, seeded random weights) and its square image size."""
     torch.manual_seed(0)
     if not small:
@@ -136,7 +136,10 @@ def build(name: str, small: bool) -> tuple[nn.Module, int]:
                    "retinanet": detection.retinanet_resnet50_fpn,
                    "fcos": detection.fcos_resnet50_fpn,
                    "fasterrcnn": detection.fasterrcnn_mobilenet_v3_large_320_fpn}[name]
-        return builder(weights=None, weights_backbone=None).eval(), FULL_IMAGE[name]
+        model = builder(weights=None, weights_backbone=None).eval()
+        if spread:
+            _spread_scores(model)
+        return model, FULL_IMAGE[name]
     size, classes = SMALL_IMAGE[name], 5
     common = dict(min_size=size, max_size=size)
     if name == "ssdlite":
@@ -214,8 +217,8 @@ class _Tensors(nn.Module):
         return out["boxes"], out["scores"], out["labels"]
 
 
-def export(name: str, small: bool, out: pathlib.Path) -> pathlib.Path:
-    model, size = build(name, small)
+def export(name: str, small: bool, out: pathlib.Path, spread: bool = False) -> pathlib.Path:
+    model, size = build(name, small, spread)
     path = out / f"{name}{'_small' if small else ''}.onnx"
     image = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -230,10 +233,14 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--small", action="store_true", help="the tiny test versions")
     parser.add_argument("--only", nargs="*", default=list(FULL_IMAGE))
+    parser.add_argument("--spread", action="store_true",
+                        help="full size: spread the random-weight scores as the small models "
+                             "do (torchvision's initialisation gives RetinaNet and FCOS no "
+                             "detection at all, so their post-processing would see nothing)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        path = export(name, args.small, args.out)
+        path = export(name, args.small, args.out, args.spread)
         print(f"{path}: {path.stat().st_size / 1024:.0f} KiB")
 
 

@@ -33,10 +33,10 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.dynamic.tensor import Dim, Tensor, dims_product, is_traced, plan_shape
 
 __all__ = [
-    "IDENTITIES", "RULES", "arg_reduce", "broadcast_dims", "concat", "elementwise", "expand",
-    "flatten", "gather", "gather_elements", "gather_nd", "matmul", "per_row", "reduce",
-    "reshape", "rule", "scatter_elements", "slice_axis", "softmax", "squeeze", "tile",
-    "top_k", "transpose", "unsqueeze",
+    "IDENTITIES", "LADDER_START", "RULES", "arg_reduce", "broadcast_dims", "by_rows",
+    "concat", "elementwise", "expand", "flatten", "gather", "gather_elements", "gather_nd",
+    "matmul", "per_row", "reduce", "reshape", "rule", "scatter_elements", "slice_axis",
+    "softmax", "squeeze", "tile", "top_k", "transpose", "unsqueeze",
 ]
 
 RULES: dict[str, Callable] = {}
@@ -215,12 +215,43 @@ def per_row(fn: Callable, t: Tensor, *, free_axes: Sequence[int] = (0,), op: str
         if k not in free_axes:
             raise OpArgumentError(op, "X", f"a dynamic size only on axes {list(free_axes)}",
                                   f"a dynamic axis {k} (max shape {list(t.shape)})")
-    out = fn(t.jax(op))
+    data = t.jax(op)
+    if 0 in free_axes and (out_free_axes or free_axes)[list(free_axes).index(0)] == 0:
+        out = by_rows(fn, t.dims[0], t.shape[0], data)  # rows along axis 0: cost follows them
+    else:
+        out = fn(data)
     dims = list(out.shape)
     for k, j in zip(free_axes, out_free_axes or free_axes):
         if not isinstance(t.dims[k], int):
             dims[j] = t.dims[k]
     return Tensor(out, dims, lost=t.lost)
+
+
+# -- cost follows the data ---------------------------------------------------------------
+#: The smallest rung of the capacity ladder (below it a row-wise op is cheap at any size).
+LADDER_START = 64
+
+
+@rule
+def by_rows(fn: Callable, n: Dim, size: int, *arrays: jax.Array) -> Any:
+    """``fn`` over the first rows (axis 0) of ``arrays``, at the smallest capacity of the
+    geometric ladder ``64, 128, ..., size`` that holds the actual row count ``n``, chosen
+    inside jit (``lax.switch``: one compile), the results padded back to ``size`` rows.
+    For ops whose rows are independent and whose cost grows with the rows (a contraction,
+    RoIAlign): the cost follows the data, not the capacity."""
+    rungs = [c for c in (LADDER_START << k for k in range(32)) if c < size] + [size]
+    if isinstance(n, int) or len(rungs) == 1:
+        return fn(*arrays)
+
+    def at(cap):
+        def run(xs):
+            out = fn(*[x[:cap] for x in xs])
+            return jax.tree.map(lambda o: jnp.pad(o, [(0, size - cap)] + [(0, 0)] * (o.ndim - 1)),
+                                out)
+        return run
+    index = jnp.searchsorted(jnp.asarray(rungs, jnp.int32), jnp.asarray(n, jnp.int32))
+    return jax.lax.switch(jnp.clip(index, 0, len(rungs) - 1), [at(c) for c in rungs],
+                          tuple(arrays))
 
 
 # -- contraction ---------------------------------------------------------------------------
@@ -233,7 +264,10 @@ def matmul(a: Tensor, b: Tensor, op: str = "MatMul") -> Tensor:
     b2 = b if not vb else unsqueeze(b, (1,))
     x = a2.masked(0, (a2.ndim - 1,))
     y = b2.masked(0, (b2.ndim - 2,))
-    out = jnp.matmul(x, y)
+    if a2.ndim == 2 and b2.ndim == 2 and b2.is_static:  # rows of a: cost follows them
+        out = by_rows(lambda r: jnp.matmul(r, y), a2.dims[0], a2.shape[0], x)
+    else:
+        out = jnp.matmul(x, y)
     ba = Tensor(jnp.zeros(a2.shape[:-2], bool), a2.dims[:-2])
     bb = Tensor(jnp.zeros(b2.shape[:-2], bool), b2.dims[:-2])
     _, batch = broadcast_dims(op, [ba, bb]) if a2.ndim > 2 or b2.ndim > 2 else ((), [])
@@ -352,7 +386,8 @@ def expand(t: Tensor, dims: Sequence[Dim], shape: Sequence[int]) -> Tensor:
     shape_t = _ShapeOnly(tuple(shape), list(dims))
     out_shape, out_dims = broadcast_dims("Expand", [t, shape_t])
     plan_shape("Expand", "shape", out_shape, t.dtype)
-    return Tensor(_stretch(t, out_shape, out_dims), out_dims, lost=t.lost)
+    return Tensor(_stretch(t, out_shape, out_dims), out_dims, lost=t.lost,
+                  broadcast_of=t if t.ndim == len(out_shape) else None)
 
 
 class _ShapeOnly:
@@ -524,6 +559,9 @@ def scatter_elements(t: Tensor, idx: Tensor, updates: Tensor, axis: int,
     """ONNX ScatterElements: only the valid region of ``idx`` / ``updates`` writes (their
     padding is dropped), into ``t``'s buffer; ``t``'s dims stay."""
     axis %= t.ndim
+    rows = _row_scatter(t, idx, updates, axis, reduction)
+    if rows is not None:
+        return rows
     i = idx.jax().astype(jnp.int32)
     i = jnp.where(i < 0, i + jnp.asarray(t.dims[axis], jnp.int32), i)
     valid = idx.axis_mask()
@@ -539,6 +577,29 @@ def scatter_elements(t: Tensor, idx: Tensor, updates: Tensor, axis: int,
            "mul": lambda: at.multiply(u, mode="drop"), "max": lambda: at.max(u, mode="drop"),
            "min": lambda: at.min(u, mode="drop")}[reduction]()
     return t.with_data(out, lost=_lost(t, idx, updates))
+
+
+def _row_scatter(t: Tensor, idx: Tensor, updates: Tensor, axis: int, reduction: str):
+    """ScatterElements whose indices are one index per row, broadcast over the other axes
+    (``index.view(-1, 1, 1, 1).expand(...)``, how torchvision merges RoIAlign levels), and
+    whose updates cover whole rows: the same writes as whole-row slices, far cheaper than
+    one scatter per element. ``None`` where the pattern does not hold."""
+    src = idx.broadcast_of
+    if src is None or reduction != "none" or src.ndim != t.ndim or \
+            any(src.shape[k] != 1 for k in range(t.ndim) if k != axis) or \
+            tuple(updates.shape) != tuple(idx.shape) or \
+            any(idx.shape[k] != t.shape[k] or not isinstance(idx.dims[k], int) or
+                not isinstance(updates.dims[k], int) for k in range(t.ndim) if k != axis):
+        return None
+    n = idx.shape[axis]
+    i = jnp.moveaxis(src.jax(), axis, 0).reshape(n).astype(jnp.int32)
+    i = jnp.where(i < 0, i + jnp.asarray(t.dims[axis], jnp.int32), i)
+    keep = jnp.arange(n) < jnp.minimum(jnp.asarray(idx.dims[axis], jnp.int32),
+                                       jnp.asarray(updates.dims[axis], jnp.int32))
+    i = jnp.where(keep, i, t.shape[axis])  # padding rows: dropped
+    out = jnp.moveaxis(t.jax(), axis, 0).at[i].set(jnp.moveaxis(updates.jax(), axis, 0),
+                                                  mode="drop")
+    return t.with_data(jnp.moveaxis(out, 0, axis), lost=_lost(t, idx, updates))
 
 
 # -- selection -----------------------------------------------------------------------------

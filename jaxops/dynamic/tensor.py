@@ -92,15 +92,19 @@ def plan_shape(op: str, arg: str, shape: tuple[int, ...], dtype: Any) -> tuple[i
 class Tensor:
     """A max-shape buffer with per-axis dims and value bounds (see the module docstring)."""
 
-    __slots__ = ("data", "dims", "lo", "hi", "syms", "lost")
+    __slots__ = ("data", "dims", "lo", "hi", "syms", "lost", "broadcast_of")
 
-    def __init__(self, data, dims=None, *, lo=None, hi=None, syms=None, lost=None):
+    def __init__(self, data, dims=None, *, lo=None, hi=None, syms=None, lost=None,
+                 broadcast_of=None):
         self.data = data
         self.dims = tuple(data.shape) if dims is None else tuple(
             int(d) if isinstance(d, (int, np.integer)) else d for d in dims)
         if len(self.dims) != data.ndim:
             raise OpArgumentError("Tensor", "dims", f"{data.ndim} dims", len(self.dims))
         self.lo, self.hi, self.syms, self.lost = lo, hi, syms, lost
+        # the tensor whose size-1 axes this one's data stretches (set by ``expand``), so a
+        # scatter of broadcast indices can write whole rows instead of single elements
+        self.broadcast_of = broadcast_of
 
     # -- construction ---------------------------------------------------------------------
     @classmethod

@@ -14,7 +14,6 @@ Needs the ``onnx`` package (``pip install jaxops[onnx]``); ``import jaxops`` doe
 import it. See ``docs/onnx.md``.
 """
 
-from jaxops.onnx.program import OPSETS, Program, load
-from jaxops.onnx.registry import supported_ops
+from jaxops.onnx.program import OPSETS, Program, load, supported_ops
 
 __all__ = ["OPSETS", "Program", "load", "supported_ops"]

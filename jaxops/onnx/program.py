@@ -28,11 +28,20 @@ from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
 from jaxops.onnx.interpret import run_graph
 from jaxops.onnx.registry import HANDLERS
 
-__all__ = ["OPSETS", "Program", "load"]
+__all__ = ["OPSETS", "Program", "load", "supported_ops"]
 
 #: Default-domain opsets whose semantics the handlers implement.
 OPSETS = range(1, 29)
 _DOMAINS = ("", "ai.onnx")
+
+
+def supported_ops() -> list[str]:
+    """The ONNX op types :func:`load` runs (default domain).
+
+    >>> {"NonZero", "NonMaxSuppression", "RoiAlign", "If", "Loop"} <= set(supported_ops())
+    True
+    """
+    return sorted(HANDLERS)
 
 
 def _fail(arg: str, expected: str, given: Any, hint: str = "") -> OpArgumentError:

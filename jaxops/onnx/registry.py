@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HANDLERS", "Handler", "handler", "supported_ops"]
+__all__ = ["HANDLERS", "Handler", "attrs_of", "handler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +51,6 @@ def handler(*op_types: str, bounds: str | None = None, data: tuple[int, ...] = (
             HANDLERS[op] = Handler(op, fn, bounds, data, since)
         return fn
     return register
-
-
-def supported_ops() -> list[str]:
-    """The ONNX op types :func:`jaxops.onnx.load` runs (default domain)."""
-    import jaxops.onnx.handlers  # noqa: F401  (registers them)
-    return sorted(HANDLERS)
 
 
 def attrs_of(node: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ def cases() -> dict:
 
     from onnx.backend.test.case.node import collect_testcases
 
-    from jaxops.onnx.registry import supported_ops
+    from jaxops.onnx import supported_ops
 
     ops = set(supported_ops())
     with warnings.catch_warnings(), np.errstate(all="ignore"):

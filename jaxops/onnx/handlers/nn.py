@@ -34,30 +34,33 @@ def _pads(ctx, spatial, kernel, strides, dilations):
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
-@handler("Conv")
-def _conv(ctx, x, w, b=None):
+def _window(ctx, w):
+    """(kernel, rank, strides, dilations) of a convolution's attributes."""
     kernel = w.shape[2:]
     n = len(kernel)
-    strides = ctx.attr("strides") or [1] * n
-    dil = ctx.attr("dilations") or [1] * n
+    return kernel, n, ctx.attr("strides") or [1] * n, ctx.attr("dilations") or [1] * n
+
+
+def _with_bias(y, b, n):
+    return y if b is None else y + b.jax().astype(y.dtype).reshape((1, -1) + (1,) * n)
+
+
+@handler("Conv")
+def _conv(ctx, x, w, b=None):
+    kernel, n, strides, dil = _window(ctx, w)
     pads = _pads(ctx, x.shape[2:], kernel, strides, dil)
     weight = w.jax()
 
     def conv(v):
-        y = lax.conv_general_dilated(v, weight.astype(v.dtype), strides, pads,
-                                     rhs_dilation=dil, feature_group_count=ctx.attr("group", 1))
-        if b is not None:
-            y = y + b.jax().astype(v.dtype).reshape((1, -1) + (1,) * n)
-        return y
+        return _with_bias(lax.conv_general_dilated(
+            v, weight.astype(v.dtype), strides, pads, rhs_dilation=dil,
+            feature_group_count=ctx.attr("group", 1)), b, n)
     return rules.per_row(conv, x, op=ctx.where)
 
 
 @handler("ConvTranspose")
 def _conv_transpose(ctx, x, w, b=None):
-    kernel = w.shape[2:]
-    n = len(kernel)
-    strides = ctx.attr("strides") or [1] * n
-    dil = ctx.attr("dilations") or [1] * n
+    kernel, n, strides, dil = _window(ctx, w)
     group = ctx.attr("group", 1)
     out_pad = ctx.attr("output_padding") or [0] * n
     pads = ctx.attr("pads") or [0] * (2 * n)
@@ -79,12 +82,9 @@ def _conv_transpose(ctx, x, w, b=None):
                 (kernel[i] - 1) * dil[i] - pads[i + n] + out_pad[i]) for i in range(n)]
 
     def deconv(v):
-        y = lax.conv_general_dilated(v, weight.astype(v.dtype), [1] * n, padding,
-                                     lhs_dilation=strides, rhs_dilation=dil,
-                                     feature_group_count=group)
-        if b is not None:
-            y = y + b.jax().astype(v.dtype).reshape((1, -1) + (1,) * n)
-        return y
+        return _with_bias(lax.conv_general_dilated(
+            v, weight.astype(v.dtype), [1] * n, padding, lhs_dilation=strides,
+            rhs_dilation=dil, feature_group_count=group), b, n)
     return rules.per_row(deconv, x, op=ctx.where)
 
 
@@ -327,18 +327,27 @@ def _roi_align(ctx, x, rois, batch_indices):
         w10 = (ly[:, :, None, None] * hx[None, None])
         w11 = (ly[:, :, None, None] * lx[None, None])
         ok = (ok_y & vy[None, :])[:, :, None, None] & (ok_x & vx[None, :])[None, None]
-        if mode == "avg":
-            val = w00 * g(y0, x0) + w01 * g(y0, x1_) + w10 * g(y1_, x0) + w11 * g(y1_, x1_)
-            val = jnp.where(ok, val, 0)
-            return val.sum(axis=(2, 4)) / (gh * gw).astype(feat.dtype)
+        if mode == "avg":  # separable: rows first ([C, oh, W]), then columns
+            wy0 = jnp.where(ok_y & vy[None, :], hy, 0)  # [oh, gy]
+            wy1 = jnp.where(ok_y & vy[None, :], ly, 0)
+            rows = img[:, y0, :] * wy0[None, :, :, None] + img[:, y1_, :] * wy1[None, :, :, None]
+            rows = rows.sum(axis=2)  # [C, oh, W]
+            wx0 = jnp.where(ok_x & vx[None, :], hx, 0)  # [ow, gx]
+            wx1 = jnp.where(ok_x & vx[None, :], lx, 0)
+            val = rows[:, :, x0] * wx0[None, None] + rows[:, :, x1_] * wx1[None, None]
+            return val.sum(axis=3) / (gh * gw).astype(feat.dtype)
         parts = [w00 * g(y0, x0), w01 * g(y0, x1_), w10 * g(y1_, x0), w11 * g(y1_, x1_)]
         m = jnp.max(jnp.stack(parts), axis=0)
         m = jnp.where(ok, m, -jnp.inf)
         valid_any = (ok_y & vy[None, :])[:, :, None, None] & (vx[None, :])[None, None]
         m = jnp.max(jnp.where(valid_any, jnp.where(ok, m, 0), -jnp.inf), axis=(2, 4))
         return m
-    out = jax.vmap(one)(boxes, bidx) if boxes.shape[0] else \
-        jnp.zeros((0, feat.shape[1], oh, ow), feat.dtype)
+    # boxes in batches of 32: a vmap over all of them would hold every box's sampled rows
+    # at once (1,000 boxes x 256 channels: hundreds of MB, each call's pages faulted in)
+    def pool(bx, bi):
+        return jax.lax.map(lambda a: one(*a), (bx, bi), batch_size=min(32, bx.shape[0]))
+    out = rules.by_rows(pool, rois.dims[0], boxes.shape[0], boxes, bidx) if boxes.shape[0] \
+        else jnp.zeros((0, feat.shape[1], oh, ow), feat.dtype)
     dims = [rois.dims[0], feat.shape[1], oh, ow]
     return Tensor(out, dims, lost=rois.lost)
 
