@@ -236,7 +236,8 @@ def main() -> None:
     parser.add_argument("--spread", action="store_true",
                         help="full size: spread the random-weight scores as the small models "
                              "do (torchvision's initialisation gives RetinaNet and FCOS no "
-                             "detection at all, so their post-processing would see nothing)")
+                             "detection at all); at full depth the scores then saturate, and "
+                             "their ties make ONNX Runtime's order arbitrary")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
