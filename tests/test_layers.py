@@ -102,7 +102,8 @@ def test_no_operator_file_imports_another():
 #: those below. Everything else of ``jaxops`` (the package's face: ``__init__``, cli, demo,
 #: errors, embedding, nnx, equinox) is the top layer.
 LAYERS = [("jaxops.core",), ("jaxops.backends", "jaxops.native"), ("jaxops.capacity",),
-          ("jaxops.ops",), ("jaxops.hashtable",), ("jaxops.golden",), ("tracing",)]
+          ("jaxops.ops",), ("jaxops.hashtable",), ("jaxops.golden",), ("tracing",),
+          ("jaxops.dynamic",), ("jaxops.onnx",)]
 
 
 def _module_graph() -> dict[str, set[str]]:

@@ -28,6 +28,11 @@ PUBLIC = {
         "maintain", "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy",
         "slot_bytes", "with_route", "words",
     ],
+    "jaxops.dynamic": [
+        "IDENTITIES", "RULES", "Tensor", "argmax", "concat", "elementwise", "gather", "matmul",
+        "plan_shape", "reduce", "rules", "softmax", "top_k",
+    ],
+    "jaxops.onnx": ["OPSETS", "Program", "load", "supported_ops"],
     "jaxops.hashtable.checkpoint": ["CHUNK_BYTES", "Checkpointer", "Restore", "Save",
                                     "TrainStateHandler", "load", "save"],
     "jaxops.hashtable.cann": [
