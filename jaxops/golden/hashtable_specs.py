@@ -531,13 +531,13 @@ register_golden(GoldenSpec(
     "EmbeddingHashTableLookupOrInsert", "12 keys (5 present, one twice, a tombstone revived, "
     "new ones) into a 64-bucket dim-4 table: rows, the table after",
     _lookup_make, build=_single_build(_lookup_make, _lookup_run), shape=(12,), dtype="int64",
-    shape_doc="keys [N] (int64)", input_names=("table", "keys"), **_TABLE_OPTIONS))
+    shape_doc="keys [N]; --dtype: int64 (the keys)", input_names=("table", "keys"), **_TABLE_OPTIONS))
 
 register_golden(GoldenSpec(
     "EmbeddingHashTableExport", "export of 2 tables of 64 buckets, dim 4 (~22 live keys "
     "each, half exported before, 2 evicted): keys, counters, filter flags, rows per table, "
     "the tables after", _export_make, build=_export_build, shape=(2,), dtype="int64",
-    shape_doc="table_sizes [tables] (one entry per table)",
+    shape_doc="table_sizes [tables] (one entry per table); --dtype: int64",
     input_names=("table_sizes", "embedding_dims", "bucket_sizes", "table0", "table1", "..."),
     **_TABLE_OPTIONS))
 
@@ -545,7 +545,7 @@ register_golden(GoldenSpec(
     "EmbeddingHashTableImport", "import into 2 tables of 64 buckets, dim 4: 12 entries each "
     "(6 present keys, 6 new) with counters, filter flags and rows; the tables after",
     _import_make, build=_import_build, shape=(2, 12), dtype="int64",
-    shape_doc="[tables, keys per table] (keys0, keys1, ... int64)",
+    shape_doc="[tables, keys per table] (keys0, keys1, ...); --dtype: int64",
     input_names=("embedding_dims", "bucket_sizes", "table0", "keys0", "counters0",
                  "filter_flags0", "values0", "..."), **_TABLE_OPTIONS))
 
@@ -553,7 +553,7 @@ register_golden(GoldenSpec(
     "EmbeddingHashTableEvict", "evict 12 distinct keys (5 present, a tombstone, 6 absent) "
     "from a 64-bucket dim-4 table: the table after",
     _evict_make, build=_single_build(_evict_make, _evict_run), shape=(12,), dtype="int64",
-    shape_doc="keys [N] (int64, distinct)", input_names=("table", "keys", "sampled_values"),
+    shape_doc="keys [N] (distinct); --dtype: int64", input_names=("table", "keys", "sampled_values"),
     **_TABLE_OPTIONS))
 
 register_golden(GoldenSpec(
