@@ -195,7 +195,7 @@ def _sizes_of(op: str, attrs: dict) -> tuple[int, int]:
 
 # -- InitEmbeddingHashTable -------------------------------------------------------------------
 
-def _init_make(rng, attrs, shape=None, dtype=None) -> dict:
+def _init_make(rng, attrs) -> dict:
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
     _refuse_big("InitEmbeddingHashTable", 1, size, dim)
     if attrs.get("initializer_mode", "random") != "random":
@@ -226,7 +226,7 @@ def _init_build(spec, seed, attrs, shape, dtype, input_path):
 
 # -- EmbeddingHashTableLookupOrInsert ----------------------------------------------------------
 
-def _lookup_make(rng, attrs, shape, dtype) -> dict:
+def _lookup_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
     table, live, gone = _seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
     buf = _bytes(table)
@@ -253,7 +253,7 @@ def _lookup_run(op, inputs, attrs):
 
 # -- EmbeddingHashTableEvict -------------------------------------------------------------------
 
-def _evict_make(rng, attrs, shape, dtype) -> dict:
+def _evict_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
     table, live, gone = _seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
     keys = _mix(rng, _pick(rng, live, n // 2 - 1), gone[:1][:max(n - 1, 0)])
@@ -274,7 +274,7 @@ def _evict_run(op, inputs, attrs):
 
 # -- EmbeddingHashTableApplyAdamW -------------------------------------------------------------
 
-def _adam_make(rng, attrs, shape, dtype) -> dict:
+def _adam_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
     table, live, gone = _seeded_table(rng, size, dim)
@@ -384,7 +384,7 @@ def _no_shape(op: str, shape, dtype) -> None:
 
 # -- list operators: Export, Import -------------------------------------------------------------
 
-def _export_make(rng, attrs, shape, dtype) -> dict:
+def _export_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (count,) = shape
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
     tables = [_seeded_table(rng, size, dim)[0] for _ in range(count)]
@@ -393,7 +393,7 @@ def _export_make(rng, attrs, shape, dtype) -> dict:
             **{f"table{i}": _bytes(t) for i, t in enumerate(tables)}}
 
 
-def _import_make(rng, attrs, shape, dtype) -> dict:
+def _import_make(rng, attrs, shape, dtype, generation=None) -> dict:
     count, n = shape
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
     out = {"embedding_dims": np.full(count, dim, np.int64),

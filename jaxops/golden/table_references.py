@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
-from jaxops.golden.references import Expected, register_reference
+from jaxops.golden.references import Expected, reference, register_reference  # noqa: F401
 
 __all__ = ["murmur3_key", "row_width"]
 
