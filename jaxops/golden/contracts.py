@@ -24,8 +24,8 @@ BatchedNMS             torchvision batched_nms     no aclnn kernel
 EfficientNMS           TensorRT EfficientNMS_TRT   no aclnn kernel
 InitEmbeddingHashTable the arch35 kernels          ops-nn ``hash/<op>``: op_graph proto,
 EmbeddingHashTable*    (``arch35``): the bucket    op_kernel/arch35, op_host tiling and
-                       bytes the handle points at  infershape; ``common/inc/op_kernel/
-                                                   hashtable_common.h``
+                       bytes the handle points at  infershape (rules in
+                                                   :mod:`jaxops.golden.table_contracts`)
 =====================  ==========================  ==========================================
 
 >>> c = contract("NonZero", {"transpose": False, "size": None}, None)
@@ -47,7 +47,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 
 __all__ = ["ACLNN_NMS_MAX_PER_CLASS", "Contract", "GoldenOutput", "check_inputs", "choices",
-           "contract", "to_contract"]
+           "contract", "register_contract", "to_contract"]
 
 _OPS_NN = "hicann/ops-nn"
 _NMS_DIR = "hicann/ops-cv objdetect/non_max_suppression_v6/"
@@ -105,11 +105,17 @@ class GoldenOutput:
 _RULES: dict[str, tuple[tuple[str, ...], Callable[[dict, str], Contract]]] = {}
 
 
-def _rule(op: str, *names: str):
+def register_contract(op: str, *names: str):
+    """Decorator: ``fn(attrs, choice) -> Contract`` is ``op``'s rule, for the ``--contract``
+    values ``names`` (the default first). The hash-table operators' rules are in
+    :mod:`jaxops.golden.table_contracts` (registered with their specs)."""
     def register(fn):
         _RULES[op] = (names, fn)
         return fn
     return register
+
+
+_rule = register_contract
 
 
 def choices(op: str) -> tuple[str, ...]:
@@ -249,128 +255,6 @@ def _efficient(attrs: dict, _: str) -> Contract:
                     ("TensorRT plugin/efficientNMSPlugin/README.md",),
                     values_of=(("detection_boxes", "boxes"), ("detection_scores", "scores")),
                     index_dtype="int32")
-
-_HASH = f"{_OPS_NN} hash/"
-_HASH_COMMON = f"{_OPS_NN} common/inc/op_kernel/hashtable_common.h (MurmurHash3, RoundUpTo8)"
-#: Where each table case departs from the arch35 kernels (docs/golden.md says why).
-_ORDER = ("one key after another in index order; the kernel runs keys on parallel threads, "
-          "so new keys whose probes meet may take their buckets in another order")
-_REUSE = ("a new key takes the first tombstone of another key its probe met (jaxops reclaims "
-          "them); the kernel's CAS skips tombstones and probes on to an empty bucket")
-
-
-def _table_contract(op: str, follows: str, files: tuple[str, ...], attrs: dict,
-                    cann: tuple[str, ...], notes: tuple[str, ...]) -> Contract:
-    folder = {"InitEmbeddingHashTable": "init_embedding_hash_table"}.get(
-        op, "embedding_hash_table_" + op[len("EmbeddingHashTable"):].replace(
-            "LookupOrInsert", "lookup_or_insert").replace("ApplyAdamW", "apply_adam_w").lower())
-    sources = tuple(f"{_HASH}{folder}/{f.format(folder)}" for f in files) + (_HASH_COMMON,)
-    return Contract(op, follows, sources, fixed_shape=True,
-                    cann_attrs=tuple((c.split("=")[0], attrs.get(c.split("=")[-1]))
-                                     for c in cann), notes=notes)
-
-
-@_rule("InitEmbeddingHashTable", "arch35")
-def _init_table(attrs: dict, _: str) -> Contract:
-    return _table_contract(
-        "InitEmbeddingHashTable", "table: the bucket array the handle points at, UINT8 "
-        "[bucket_size, 24 + round_up_8(4 * embedding_dim)]: every bucket key -1, counter 0, "
-        "bytes 16-23 zero, the row from sampled_values (initializer_mode random, FLOAT "
-        "[bucket_size * embedding_dim]) or constant_value; FLOAT values only",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/{}.h", "op_host/arch35/{}_tiling_arch35.cpp"),
-        attrs, ("bucket_size", "embedding_dim", "initializer_mode", "constant_value"),
-        ("the padding after a row (odd embedding_dim) is zero; the kernel does not write it",))
-
-
-@_rule("EmbeddingHashTableLookupOrInsert", "arch35")
-def _lookup_or_insert(attrs: dict, _: str) -> Contract:
-    notes = [_ORDER, _REUSE, "an evicted key comes back with VALID alone (EXPORT and FILTER "
-             "cleared, as a new key); the kernel clears byte 20's EVICTED and keeps byte 23",
-             "a key that finds no bucket (a full table) gets default_value; the kernel leaves "
-             "its row unwritten"]
-    if attrs.get("filter_mode") == "counter":
-        notes.append("filter_mode 'counter' is read by the tiling and used by no kernel: the "
-                     "case does not filter (jaxops' lookup_or_insert does)")
-    if attrs.get("filter_key_flag") and attrs.get("default_key_or_value"):
-        notes.append("the kernel also writes default_key over filter_key in its keys input")
-    return _table_contract(
-        "EmbeddingHashTableLookupOrInsert", "values FLOAT [N, embedding_dim]: each key's row; "
-        "an absent key is inserted at the first empty bucket of its probe (MurmurHash3 x86_32 "
-        "of its 8 bytes, seed 0, % bucket_size, then +1; the CAS of the int32 at byte 20 "
-        "writes VALID into byte 23, the key, state 1); its counter +1; an evicted key (byte "
-        "20, 0x8) is revived; filter_key (filter_key_flag) answers default_value or becomes "
-        "default_key; table: the bucket array after",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/lookup_or_insert_base.h",
-         "op_kernel/arch35/kernel_lookup_or_insert_general.h",
-         "op_kernel/arch35/kernel_lookup_or_insert_opt_dim.h",
-         "op_host/arch35/{}_tiling_arch35.cpp"), attrs,
-        ("bucket_size", "embedding_dim", "filter_mode", "filter_freq", "default_key_or_value",
-         "default_key", "default_value", "filter_key_flag", "filter_key"), tuple(notes))
-
-
-@_rule("EmbeddingHashTableExport", "arch35")
-def _export(attrs: dict, _: str) -> Contract:
-    if attrs.get("size") is not None:
-        raise OpArgumentError("golden EmbeddingHashTableExport", "size", "None: the kernel "
-                              "takes its output sizes from table_sizes", repr(attrs["size"]))
-    notes = ["EVICTED is read from byte 20, where CANN's Evict writes it; the arch35 kernel "
-             "tests 0x8 in byte 23, which no CANN kernel sets, and so exports evicted keys too"]
-    if attrs.get("filtered_export_flag"):
-        notes.append("filtered_export_flag is copied into filteredExportFlag_ and unused by "
-                     "the arch35 kernel: every entry is exported, as with false (jaxops' "
-                     "export would keep FILTER entries only)")
-    return _table_contract(
-        "EmbeddingHashTableExport", "inputs table_sizes, embedding_dims, bucket_sizes: 1-D "
-        "INT64, one entry per table (table{i}: the bucket array table_handles[i] points "
-        "at); outputs per table keys{i} INT64 [table_sizes[i]], counters{i} UINT64, "
-        "filter_flags{i} UINT8 (FILTER as 0/1), values{i} FLOAT [table_sizes[i], "
-        "embedding_dims[i]]: every VALID, not EVICTED bucket in bucket order (export_mode "
-        "new: not EXPORT either), EXPORT set on its first export (table{i} after); no "
-        "OP_OUTSHAPE: InferShape takes the sizes from table_sizes",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/{}.h", "op_host/{}_infershape.cpp",
-         "op_host/arch35/{}_tiling_arch35.cpp"), attrs,
-        ("export_mode", "filtered_export_flag"), tuple(notes))
-
-
-@_rule("EmbeddingHashTableImport", "arch35")
-def _import(attrs: dict, _: str) -> Contract:
-    return _table_contract(
-        "EmbeddingHashTableImport", "inputs embedding_dims, bucket_sizes: 1-D INT64, one entry "
-        "per table; keys{i} INT64, counters{i} UINT64, filter_flags{i} UINT8, values{i} FLOAT "
-        "per table: each key found or inserted as LookupOrInsert probes, its counter and row "
-        "written and VALID | EXPORT or-ed into byte 23 (the kernel's FILTER_FLAG_MASK 0b101; "
-        "filter_flags is not read: FILTER stays as it was, 0 for a new key); table{i} after",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/{}.h", "op_host/arch35/{}_tiling_arch35.cpp"),
-        attrs, (), (_ORDER, _REUSE, "an evicted key imported is revived (EVICTED cleared); the "
-                    "kernel leaves byte 20 as it was, so the entry stays evicted there"))
-
-
-@_rule("EmbeddingHashTableEvict", "arch35")
-def _evict(attrs: dict, _: str) -> Contract:
-    return _table_contract(
-        "EmbeddingHashTableEvict", "each key found (its walk compares keys) and not evicted: "
-        "EVICTED (0x8) set in byte 20 (the kernel's int32 at 20 ^= 1 << 3), counter 0, the "
-        "row const_val or sampled_values[i] (init_mode random: FLOAT [N, embedding_dim]); "
-        "table: the bucket array after",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/{}.h", "op_host/arch35/{}_tiling_arch35.cpp"),
-        attrs, ("table_cap=bucket_size", "embedding_dim", "init_mode", "const_val"), ())
-
-
-@_rule("EmbeddingHashTableApplyAdamW", "arch35")
-def _apply_adam_w(attrs: dict, _: str) -> Contract:
-    return _table_contract(
-        "EmbeddingHashTableApplyAdamW", "for each key (distinct, as the proto requires; -1 "
-        "skipped) found VALID: AdamW on its row and m, v (max_grad_norm with amsgrad) at its "
-        "bucket, in float32 with the kernel's expressions; outputs m, v, beta1_power, "
-        "beta2_power, max_grad_norm in the dtype of m (FLOAT16 or FLOAT; [bucket_size, "
-        "embedding_dim], [1]), other rows as given (updated in place); the row written as "
-        "float(T(w)); table: the bucket array after",
-        ("op_graph/{}_proto.h", "op_kernel/arch35/{}.h", "op_host/{}_def.cpp"), attrs,
-        ("embedding_dim", "bucket_size", "amsgrad", "maximize"),
-        ("an evicted key is skipped (as LookupOrInsert treats it: absent); the kernel tests "
-         "VALID only and updates its row",
-         "float outputs: the kernel's float32 expressions; a compiler may fuse a*b±c, so "
-         "check allows a few roundings of the terms (jaxops.golden.table_references)"))
 
 
 def check_inputs(op: str, c: Contract, inputs: list, attrs: dict) -> None:

@@ -24,96 +24,18 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxops.hashtable as ht
-from jaxops.core.errors import OpArgumentError
-from jaxops.core.memory import refuse_unless_fits
+from jaxops.golden import table_contracts  # noqa: F401  (the table cases' contracts)
 from jaxops.golden.contracts import GoldenOutput
 from jaxops.golden.inputs import read_named
 from jaxops.golden.specs import get_spec  # noqa: F401  (the doctest's)
 from jaxops.golden.specs import GoldenSpec, input_shape_dtype, register_golden
+from jaxops.golden.table_inputs import (ADAM_FLOATS, DEFAULT_SIZES, SIZES, bucket_bytes,
+                                        checked_list, checked_single, distinct_keys,
+                                        drawn_or_given, key_input, library_table, mixed,
+                                        named_input, new_keys, picked, refusal, refuse_big,
+                                        seeded_table)
 
 __all__: list[str] = []  # registers specs; nothing to import from here
-
-_SIZES = ("bucket_size", "embedding_dim")
-_DEFAULT = {"bucket_size": 64, "embedding_dim": 4}
-_ADAM_FLOATS = ("m", "v", "beta1_power", "beta2_power", "lr", "weight_decay", "beta1", "beta2",
-                "epsilon", "grad", "max_grad_norm")
-
-
-def _error(op: str, arg: str, expected: str, given, hint: str = "") -> OpArgumentError:
-    return OpArgumentError(f"golden {op}", arg, expected, given, hint)
-
-
-# -- sizes and inputs -------------------------------------------------------------------------
-
-def _size(op: str, attrs: dict, name: str) -> int:
-    v = attrs.get(name, _DEFAULT[name])
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
-            or not 1 <= int(v) < 2**31:
-        raise _error(op, name, "an int in [1, 2**31 - 1]", repr(v))
-    return int(v)
-
-
-def _refuse_big(op: str, tables: int, size: int, dim: int) -> None:
-    """A case holds each table about eight times (bytes before and after, the library's
-    table, the reference's)."""
-    need = 8 * tables * size * ht.cann.row_bytes(dim)
-    refuse_unless_fits(f"golden {op}", "bucket_size", need, f"{tables} table(s) of {size} "
-                       f"buckets of {ht.cann.row_bytes(dim)} bytes", devices=())
-
-
-def _get(op: str, inputs: dict, name: str, dtype=None, shape=None) -> np.ndarray:
-    if inputs.get(name) is None:
-        raise _error(op, "input", f"an input named {name!r}", "none",
-                     "Name the arrays as CANN's inputs (jaxops golden OP --help).")
-    a = np.asarray(inputs[name])
-    if dtype is not None and a.dtype != np.dtype(dtype):
-        raise _error(op, name, np.dtype(dtype).name, str(a.dtype))
-    if shape is not None and a.shape != tuple(shape):
-        raise _error(op, name, f"shape {list(shape)}", list(a.shape))
-    return a
-
-
-def _table(op: str, inputs: dict, name: str, dim: int | None, dim_given: bool
-           ) -> tuple[np.ndarray, int, int]:
-    """A table input: its bytes, bucket_size and embedding_dim (the given one, else the
-    default where its rows have that width)."""
-    buf = _get(op, inputs, name, np.uint8)
-    dim = _DEFAULT["embedding_dim"] if dim is None else dim
-    if buf.ndim != 2 or buf.shape[1] != ht.cann.row_bytes(dim):
-        raise _error(op, name, f"uint8 buckets [bucket_size, {ht.cann.row_bytes(dim)}] "
-                     f"(embedding_dim {dim})", f"shape {list(buf.shape)}",
-                     "" if dim_given else "Pass --embedding_dim for other rows.")
-    return buf, buf.shape[0], dim
-
-
-def _library_table(op: str, name: str, buf: np.ndarray, dim: int):
-    """The library's table of CANN bytes, one that never grows (a grown table would change
-    the bucket array); its reader's refusals name the golden input."""
-    try:
-        table = ht.cann.from_cann_bytes(buf, dim)
-    except OpArgumentError as e:
-        raise _error(op, name, e.expected, e.given) from None
-    return ht.set_load_policy(table, max_load_factor=1.0)
-
-
-def _bytes(table) -> np.ndarray:
-    return np.asarray(ht.cann.to_cann_bytes(table))
-
-
-def _keys(op: str, inputs: dict, name: str, distinct: str = "", no_unused: bool = False
-          ) -> np.ndarray:
-    keys = _get(op, inputs, name, np.int64)
-    if keys.ndim != 1:
-        raise _error(op, name, "1-D int64 keys", f"shape {list(keys.shape)}")
-    if distinct:
-        values, counts = np.unique(keys, return_counts=True)
-        if (counts > 1).any():
-            raise _error(op, name, f"distinct keys ({distinct})",
-                         f"key {int(values[np.argmax(counts > 1)])} {int(counts.max())} times")
-    if no_unused and (keys == -1).any():
-        raise _error(op, name, "keys other than -1 (CANN's unused key: ApplyAdamW skips it, "
-                     "Evict would match an empty bucket)", "-1")
-    return keys
 
 
 def _output(name: str, data: np.ndarray, dim: int | None = None) -> GoldenOutput:
@@ -122,82 +44,12 @@ def _output(name: str, data: np.ndarray, dim: int | None = None) -> GoldenOutput
                         notes=None if dim is None else {"buckets": {"embedding_dim": dim}})
 
 
-# -- generated tables and keys ---------------------------------------------------------------
-
-def _distinct_keys(rng: np.random.Generator, n: int, avoid=()) -> np.ndarray:
-    """``n`` distinct int64 keys, none in ``avoid``, never -1 (CANN's empty key)."""
-    seen, out = {int(k) for k in np.asarray(avoid).reshape(-1)} | {-1}, []
-    while len(out) < n:
-        for k in rng.integers(-2**62, 2**62, n - len(out), dtype=np.int64).tolist():
-            if k not in seen:
-                seen.add(k)
-                out.append(k)
-    return np.array(out, np.int64)
-
-
-def _seeded_table(rng: np.random.Generator, size: int, dim: int):
-    """``(table, live keys, evicted keys)``: 3/8 full, the first half of the keys exported
-    once, a middle run seen twice (counter 2; FILTER by a counter filter, which only jaxops
-    has), one exported and one never-exported key evicted (where there are 4 keys)."""
-    n = 3 * size // 8
-    keys = _distinct_keys(rng, n)
-    table = ht.set_load_policy(ht.init_table(size, dim, sampled_values=rng.standard_normal(
-        (size, dim)).astype(np.float32)), max_load_factor=1.0)
-    half = n // 2
-    table, _, _ = ht.lookup_or_insert(table, keys[:half])
-    table = ht.export(table)[0]
-    again = keys[half // 2:half + (n - half) // 2]
-    table, _, _ = ht.lookup_or_insert(table, np.concatenate([keys[half:], again]),
-                                      filter_mode="counter", filter_freq=2)
-    if n < 4:
-        return table, keys, keys[:0]
-    gone = keys[[0, -1]]  # keys[-1]: never exported, never seen twice (no EXPORT, no FILTER)
-    return ht.evict(table, gone), keys[1:-1], gone
-
-
-def _homes(keys: np.ndarray, size: int) -> np.ndarray:
-    words = np.ascontiguousarray(keys, np.int64).view(np.uint32).reshape(-1, 2)
-    return np.asarray(ht.cann.home_slot(jnp.asarray(words[:, 0]), jnp.asarray(words[:, 1]), size))
-
-
-def _new_keys(rng: np.random.Generator, buf: np.ndarray, n: int, avoid) -> np.ndarray:
-    """``n`` absent keys whose probes, one after another, reach an empty bucket before any
-    tombstone (there jaxops reuses the tombstone, CANN's kernel probes on)."""
-    size = buf.shape[0]
-    empty = (buf[:, 20] | buf[:, 23]) == 0
-    evicted = (buf[:, 20] & ht.cann.EVICTED) != 0
-    out: list[int] = []
-    for _ in range(64):
-        if len(out) == n or not empty.any():
-            break
-        cands = _distinct_keys(rng, 2 * (n - len(out)), np.concatenate([avoid, out]))
-        for key, home in zip(cands.tolist(), _homes(cands, size).tolist()):
-            walk = [(home + d) % size for d in range(size)]
-            stop = next(s for s in walk if empty[s] or evicted[s]) if (empty | evicted).any() else -1
-            if len(out) < n and stop >= 0 and empty[stop]:
-                out.append(key)
-                empty[stop] = False
-    return np.array(out, np.int64)
-
-
-def _mix(rng: np.random.Generator, *parts) -> np.ndarray:
-    keys = np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in parts])
-    return keys[rng.permutation(keys.size)]
-
-
-def _pick(rng: np.random.Generator, keys: np.ndarray, n: int) -> np.ndarray:
-    return rng.choice(keys, min(max(n, 0), keys.size), replace=False).astype(np.int64)
-
-
-def _sizes_of(op: str, attrs: dict) -> tuple[int, int]:
-    return _size(op, attrs, "bucket_size"), _size(op, attrs, "embedding_dim")
-
 
 # -- InitEmbeddingHashTable -------------------------------------------------------------------
 
 def _init_make(rng, attrs) -> dict:
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
-    _refuse_big("InitEmbeddingHashTable", 1, size, dim)
+    refuse_big("InitEmbeddingHashTable", 1, size, dim)
     if attrs.get("initializer_mode", "random") != "random":
         return {}
     return {"sampled_values": rng.standard_normal((size, dim)).astype(np.float32)}
@@ -211,9 +63,9 @@ def _init_build(spec, seed, attrs, shape, dtype, input_path):
               else read_named(input_path, op))
     random = attrs.get("initializer_mode", "random") == "random"
     if random:
-        rows = _get(op, inputs, "sampled_values", np.float32)
+        rows = named_input(op, inputs, "sampled_values", np.float32)
         if rows.size != size * dim:
-            raise _error(op, "sampled_values", f"{size * dim} values (bucket_size * "
+            raise refusal(op, "sampled_values", f"{size * dim} values (bucket_size * "
                          "embedding_dim)", f"shape {list(rows.shape)}")
         inputs = {"sampled_values": rows}
     else:
@@ -221,20 +73,20 @@ def _init_build(spec, seed, attrs, shape, dtype, input_path):
     table = ht.init_table(size, dim, initializer_mode=attrs.get("initializer_mode", "random"),
                           constant_value=attrs.get("constant_value", 0.0),
                           sampled_values=inputs.get("sampled_values"))
-    return inputs, [_output("table", _bytes(table), dim)], attrs
+    return inputs, [_output("table", bucket_bytes(table), dim)], attrs
 
 
 # -- EmbeddingHashTableLookupOrInsert ----------------------------------------------------------
 
 def _lookup_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
-    table, live, gone = _seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
-    buf = _bytes(table)
-    present = _pick(rng, live, n // 2 - 1)
+    table, live, gone = seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
+    buf = bucket_bytes(table)
+    present = picked(rng, live, n // 2 - 1)
     revived = gone[1:] if n >= 3 else gone[:0]  # the never-exported tombstone comes back
     again = present[:1]
-    keys = _mix(rng, present, again, revived,
-                _new_keys(rng, buf, n - present.size - again.size - revived.size, live))
+    keys = mixed(rng, present, again, revived,
+                new_keys(rng, buf, n - present.size - again.size - revived.size, live))
     if attrs.get("filter_key_flag") and keys.size:
         keys[rng.integers(keys.size)] = attrs.get("filter_key", -1)
     return {"table": buf, "keys": keys}
@@ -242,23 +94,23 @@ def _lookup_make(rng, attrs, shape, dtype, generation=None) -> dict:
 
 def _lookup_run(op, inputs, attrs):
     dim = attrs["embedding_dim"]
-    table = _library_table(op, "table", inputs["table"], dim)
+    table = library_table(op, "table", inputs["table"], dim)
     kept = {k: attrs[k] for k in ("default_key_or_value", "default_key", "default_value",
                                   "filter_key_flag", "filter_key")}
     # filter_mode / filter_freq: read by CANN's tiling, used by no kernel: not applied
     table, rows, _ = ht.lookup_or_insert(table, inputs["keys"], **kept)
     return [_output("values", np.asarray(rows, np.float32).reshape(-1, dim)),
-            _output("table", _bytes(table), dim)]
+            _output("table", bucket_bytes(table), dim)]
 
 
 # -- EmbeddingHashTableEvict -------------------------------------------------------------------
 
 def _evict_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
-    table, live, gone = _seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
-    keys = _mix(rng, _pick(rng, live, n // 2 - 1), gone[:1][:max(n - 1, 0)])
-    keys = _mix(rng, keys, _distinct_keys(rng, n - keys.size, np.concatenate([live, gone])))
-    inputs = {"table": _bytes(table), "keys": keys}
+    table, live, gone = seeded_table(rng, attrs["bucket_size"], attrs["embedding_dim"])
+    keys = mixed(rng, picked(rng, live, n // 2 - 1), gone[:1][:max(n - 1, 0)])
+    keys = mixed(rng, keys, distinct_keys(rng, n - keys.size, np.concatenate([live, gone])))
+    inputs = {"table": bucket_bytes(table), "keys": keys}
     if attrs.get("init_mode") == "random":
         inputs["sampled_values"] = rng.standard_normal((n, attrs["embedding_dim"])).astype(np.float32)
     return inputs
@@ -266,10 +118,10 @@ def _evict_make(rng, attrs, shape, dtype, generation=None) -> dict:
 
 def _evict_run(op, inputs, attrs):
     dim = attrs["embedding_dim"]
-    table = _library_table(op, "table", inputs["table"], dim)
+    table = library_table(op, "table", inputs["table"], dim)
     table = ht.evict(table, inputs["keys"], init_mode=attrs["init_mode"],
                      const_val=attrs["const_val"], sampled_values=inputs.get("sampled_values"))
-    return [_output("table", _bytes(table), dim)]
+    return [_output("table", bucket_bytes(table), dim)]
 
 
 # -- EmbeddingHashTableApplyAdamW -------------------------------------------------------------
@@ -277,14 +129,14 @@ def _evict_run(op, inputs, attrs):
 def _adam_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (n,) = shape
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
-    table, live, gone = _seeded_table(rng, size, dim)
-    present = _pick(rng, live, 2 * n // 3)
-    keys = _mix(rng, present, _distinct_keys(rng, n - present.size, np.concatenate([live, gone])))
+    table, live, gone = seeded_table(rng, size, dim)
+    present = picked(rng, live, 2 * n // 3)
+    keys = mixed(rng, present, distinct_keys(rng, n - present.size, np.concatenate([live, gone])))
     v = np.abs(rng.standard_normal((size, dim))) * 0.01
     eps = 1e-8 if dtype == np.float32 else 1e-6  # 1e-8 is 0 in float16
     scalars = dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=0.01, weight_decay=0.01,
                    beta1=0.9, beta2=0.999, epsilon=eps)
-    return {"table": _bytes(table), "keys": keys,
+    return {"table": bucket_bytes(table), "keys": keys,
             "m": (rng.standard_normal((size, dim)) * 0.1).astype(dtype), "v": v.astype(dtype),
             **{k: np.array([x], dtype) for k, x in scalars.items()},
             "grad": rng.standard_normal((n, dim)).astype(dtype),
@@ -295,7 +147,7 @@ def _adam_run(op, inputs, attrs):
     dim, amsgrad = attrs["embedding_dim"], bool(attrs["amsgrad"])
     dtype = inputs["m"].dtype
     f32 = lambda name: np.asarray(inputs[name], np.float32)  # noqa: E731  (exact from float16)
-    table = _library_table(op, "table", inputs["table"], dim)
+    table = library_table(op, "table", inputs["table"], dim)
     state = ht.adam_w_init(table, amsgrad=amsgrad)  # moments of the slots' present keys
     state = state._replace(m=jnp.asarray(f32("m")), v=jnp.asarray(f32("v")),
                            beta1_power=jnp.asarray(f32("beta1_power")[0]),
@@ -304,7 +156,7 @@ def _adam_run(op, inputs, attrs):
     hyper = {k: f32(k)[0] for k in ("lr", "weight_decay", "beta1", "beta2", "epsilon")}
     new, state = ht.apply_adam_w(table, state, inputs["keys"], f32("grad"), amsgrad=amsgrad,
                                  maximize=bool(attrs["maximize"]), **hyper)
-    buf = _bytes(new)
+    buf = bucket_bytes(new)
     if dtype != np.float32:  # the kernel writes static_cast<T>(w) into the float row
         slots = np.asarray(ht.locate(table, inputs["keys"]))
         slots = slots[slots >= 0]
@@ -318,79 +170,27 @@ def _adam_run(op, inputs, attrs):
             _output("max_grad_norm", top), _output("table", buf, dim)]
 
 
-# -- single-table builds ------------------------------------------------------------------------
-
-def _checked_single(op: str, inputs: dict, attrs: dict) -> tuple[dict, dict]:
-    """A single-table case's inputs checked and its sizes settled (given, or its table's)."""
-    hint = next((inputs[n] for n in ("grad", "sampled_values", "m") if inputs.get(n) is not None
-                 and np.ndim(inputs[n]) == 2), None)
-    dim = attrs.get("embedding_dim", None if hint is None else np.shape(hint)[1])
-    if dim is not None:
-        dim = _size(op, {"embedding_dim": dim}, "embedding_dim")
-    buf, size, dim = _table(op, inputs, "table", dim, "embedding_dim" in attrs)
-    if "bucket_size" in attrs and _size(op, attrs, "bucket_size") != size:
-        raise _error(op, "bucket_size", f"{size}, the table's buckets", repr(attrs["bucket_size"]))
-    _refuse_big(op, 1, size, dim)
-    attrs = {**attrs, "bucket_size": size, "embedding_dim": dim}
-    out = {"table": buf}
-    if op == "EmbeddingHashTableLookupOrInsert":
-        out["keys"] = _keys(op, inputs, "keys")
-    elif op == "EmbeddingHashTableEvict":
-        out["keys"] = _keys(op, inputs, "keys", "CANN's kernel races on a repeated key: two "
-                            "threads may both toggle EVICTED", no_unused=True)
-        if attrs.get("init_mode") == "random":
-            out["sampled_values"] = _get(op, inputs, "sampled_values", np.float32,
-                                         (out["keys"].size, dim))
-    else:  # ApplyAdamW
-        out["keys"] = _keys(op, inputs, "keys", "the proto: keys should be deduplicated",
-                            no_unused=True)
-        dtype = _get(op, inputs, "m").dtype
-        if dtype not in (np.float16, np.float32):
-            raise _error(op, "m", "float16 or float32", str(dtype))
-        shapes = {"m": (size, dim), "v": (size, dim), "max_grad_norm": (size, dim),
-                  "grad": (out["keys"].size, dim)}
-        for name in _ADAM_FLOATS:
-            out[name] = _get(op, inputs, name, dtype, shapes.get(name, (1,)))
-    return out, attrs
-
 
 def _single_build(make, run):
     def build(spec, seed, attrs, shape, dtype, input_path):
         op = spec.op
-        if input_path is None:
-            shape, dtype = input_shape_dtype(spec, shape, dtype)
-            if op != "EmbeddingHashTableApplyAdamW" and dtype != np.int64:
-                raise _error(op, "dtype", "int64 (the keys; CANN's kernel takes no other)", str(dtype))
-            if op == "EmbeddingHashTableApplyAdamW" and dtype not in (np.float16, np.float32):
-                raise _error(op, "dtype", "float16 or float32 (m, v, grad, the scalars)", str(dtype))
-            size, dim = _sizes_of(op, attrs)
-            _refuse_big(op, 1, size, dim)
-            inputs = make(np.random.default_rng(seed), {**attrs, "bucket_size": size,
-                                                         "embedding_dim": dim}, shape, dtype)
-            attrs = {**attrs, "bucket_size": size, "embedding_dim": dim}
-        else:
-            _no_shape(op, shape, dtype)
-            inputs = read_named(input_path, op)
-        inputs, attrs = _checked_single(op, inputs, attrs)
+        inputs, attrs = drawn_or_given(spec, seed, attrs, shape, dtype, input_path, make)
+        inputs, attrs = checked_single(op, inputs, attrs)
         return inputs, run(op, inputs, attrs), attrs
     return build
 
 
-def _no_shape(op: str, shape, dtype) -> None:
-    if shape is not None or dtype is not None:
-        raise _error(op, "shape" if shape is not None else "dtype", "no --shape/--dtype with "
-                     "--input (the file holds the inputs)", repr(shape if shape is not None else dtype))
-
+#: The dtypes ``--dtype`` takes, and what they are of.
 
 # -- list operators: Export, Import -------------------------------------------------------------
 
 def _export_make(rng, attrs, shape, dtype, generation=None) -> dict:
     (count,) = shape
     size, dim = attrs["bucket_size"], attrs["embedding_dim"]
-    tables = [_seeded_table(rng, size, dim)[0] for _ in range(count)]
+    tables = [seeded_table(rng, size, dim)[0] for _ in range(count)]
     return {"embedding_dims": np.full(count, dim, np.int64),
             "bucket_sizes": np.full(count, size, np.int64),
-            **{f"table{i}": _bytes(t) for i, t in enumerate(tables)}}
+            **{f"table{i}": bucket_bytes(t) for i, t in enumerate(tables)}}
 
 
 def _import_make(rng, attrs, shape, dtype, generation=None) -> dict:
@@ -399,10 +199,10 @@ def _import_make(rng, attrs, shape, dtype, generation=None) -> dict:
     out = {"embedding_dims": np.full(count, dim, np.int64),
            "bucket_sizes": np.full(count, size, np.int64)}
     for i in range(count):
-        table, live, gone = _seeded_table(rng, size, dim)
-        buf = _bytes(table)
-        present = _pick(rng, live, n // 2)
-        keys = _mix(rng, present, _new_keys(rng, buf, n - present.size, np.concatenate([live, gone])))
+        table, live, gone = seeded_table(rng, size, dim)
+        buf = bucket_bytes(table)
+        present = picked(rng, live, n // 2)
+        keys = mixed(rng, present, new_keys(rng, buf, n - present.size, np.concatenate([live, gone])))
         out.update({f"table{i}": buf, f"keys{i}": keys,
                     f"counters{i}": rng.integers(1, 2**40, keys.size, dtype=np.uint64),
                     f"filter_flags{i}": (rng.random(keys.size) < 0.5).astype(np.uint8),
@@ -410,54 +210,18 @@ def _import_make(rng, attrs, shape, dtype, generation=None) -> dict:
     return out
 
 
-def _checked_list(op: str, inputs: dict, attrs: dict) -> tuple[dict, dict, list]:
-    """A list case's inputs checked: ``embedding_dims``/``bucket_sizes`` (given, or from
-    ``--embedding_dim`` and the tables), one table per entry; returns the tables' dims."""
-    count = sum(1 for k in inputs if k.startswith("table") and k[5:].isdigit())
-    dims = inputs.get("embedding_dims")
-    if dims is None:
-        dims = np.full(count, attrs.get("embedding_dim", _DEFAULT["embedding_dim"]), np.int64)
-    dims = _get(op, {"embedding_dims": dims}, "embedding_dims", np.int64)
-    if dims.ndim != 1 or dims.size != count or count == 0:
-        raise _error(op, "embedding_dims", f"1-D int64, one entry per table ({count} tables "
-                     "table0, table1, ...)", f"shape {list(dims.shape)}")
-    tables, sizes = {}, []
-    for i, dim in enumerate(dims.tolist()):
-        dim = _size(op, {"embedding_dim": dim}, "embedding_dim")
-        buf, size, _ = _table(op, inputs, f"table{i}", dim, True)
-        tables[f"table{i}"] = buf
-        sizes.append(size)
-    given = inputs.get("bucket_sizes")
-    out = {"embedding_dims": dims, "bucket_sizes": np.array(sizes, np.int64), **tables}
-    if given is not None and np.asarray(given).tolist() != sizes:
-        raise _error(op, "bucket_sizes", f"{sizes}, the tables' buckets", np.asarray(given).tolist())
-    for i, (dim, size) in enumerate(zip(dims.tolist(), sizes)):
-        _refuse_big(op, 1, size, dim)
-    attrs = {k: v for k, v in attrs.items() if k not in _SIZES}  # they are inputs here
-    return out, attrs, dims.tolist()
-
 
 def _export_build(spec, seed, attrs, shape, dtype, input_path):
     op = spec.op
-    if input_path is None:
-        shape, dtype = input_shape_dtype(spec, shape, dtype)
-        if dtype != np.int64:
-            raise _error(op, "dtype", "int64 (table_sizes, embedding_dims, bucket_sizes)", str(dtype))
-        size, dim = _sizes_of(op, attrs)
-        _refuse_big(op, shape[0], size, dim)
-        inputs = _export_make(np.random.default_rng(seed), {**attrs, "bucket_size": size,
-                                                            "embedding_dim": dim}, shape, dtype)
-    else:
-        _no_shape(op, shape, dtype)
-        inputs = read_named(input_path, op)
-    checked, attrs, dims = _checked_list(op, inputs, attrs)
-    tables = [_library_table(op, f"table{i}", checked[f"table{i}"], d) for i, d in enumerate(dims)]
+    inputs, attrs = drawn_or_given(spec, seed, attrs, shape, dtype, input_path, _export_make)
+    checked, attrs, dims = checked_list(op, inputs, attrs)
+    tables = [library_table(op, f"table{i}", checked[f"table{i}"], d) for i, d in enumerate(dims)]
     # table_sizes: what the handle says, as CANN's callers pass it (all: the live count,
     # word 2; new: the not-yet-exported count, word 4)
     word = 2 if attrs["export_mode"] == "all" else 4
     sizes = [int(ht.cann.handle_counters(t)[word]) for t in tables]
     if inputs.get("table_sizes") is not None and np.asarray(inputs["table_sizes"]).tolist() != sizes:
-        raise _error(op, "table_sizes", f"{sizes}: the entries each table exports (the kernel "
+        raise refusal(op, "table_sizes", f"{sizes}: the entries each table exports (the kernel "
                      "writes that many rows; InferShape sizes the outputs by table_sizes)",
                      np.asarray(inputs["table_sizes"]).tolist())
     checked = {"table_sizes": np.array(sizes, np.int64), **checked}
@@ -470,7 +234,7 @@ def _export_build(spec, seed, attrs, shape, dtype, input_path):
         outs["counters"].append(_output(f"counters{i}", _as_64(got[1], np.uint64)))
         outs["filter_flags"].append(_output(f"filter_flags{i}", got[2].astype(np.uint8)))
         outs["values"].append(_output(f"values{i}", got[3].astype(np.float32).reshape(-1, dims[i])))
-    tables_after = [_output(f"table{i}", _bytes(t), d) for i, (t, d) in enumerate(zip(marked, dims))]
+    tables_after = [_output(f"table{i}", bucket_bytes(t), d) for i, (t, d) in enumerate(zip(marked, dims))]
     return checked, [o for group in outs.values() for o in group] + tables_after, attrs
 
 
@@ -483,47 +247,37 @@ def _as_64(words: np.ndarray, dtype) -> np.ndarray:
 
 def _import_build(spec, seed, attrs, shape, dtype, input_path):
     op = spec.op
-    if input_path is None:
-        shape, dtype = input_shape_dtype(spec, shape, dtype)
-        if dtype != np.int64:
-            raise _error(op, "dtype", "int64 (the keys)", str(dtype))
-        size, dim = _sizes_of(op, attrs)
-        _refuse_big(op, shape[0], size, dim)
-        inputs = _import_make(np.random.default_rng(seed), {**attrs, "bucket_size": size,
-                                                            "embedding_dim": dim}, shape, dtype)
-    else:
-        _no_shape(op, shape, dtype)
-        inputs = read_named(input_path, op)
-    checked, attrs, dims = _checked_list(op, inputs, attrs)
+    inputs, attrs = drawn_or_given(spec, seed, attrs, shape, dtype, input_path, _import_make)
+    checked, attrs, dims = checked_list(op, inputs, attrs)
     outputs = []
     for i, dim in enumerate(dims):
-        keys = _keys(op, inputs, f"keys{i}", "CANN's kernel races on a repeated key: the last "
+        keys = key_input(op, inputs, f"keys{i}", "CANN's kernel races on a repeated key: the last "
                      "writer of its counter and row is not defined")
         n = keys.size
         entries = {f"keys{i}": keys,
-                   f"counters{i}": _get(op, inputs, f"counters{i}", np.uint64, (n,)),
-                   f"filter_flags{i}": _get(op, inputs, f"filter_flags{i}", np.uint8, (n,)),
-                   f"values{i}": _get(op, inputs, f"values{i}", np.float32, (n, dim))}
+                   f"counters{i}": named_input(op, inputs, f"counters{i}", np.uint64, (n,)),
+                   f"filter_flags{i}": named_input(op, inputs, f"filter_flags{i}", np.uint8, (n,)),
+                   f"values{i}": named_input(op, inputs, f"values{i}", np.float32, (n, dim))}
         checked.update(entries)
         buf = checked[f"table{i}"]
-        table = _library_table(op, f"table{i}", buf, dim)
+        table = library_table(op, f"table{i}", buf, dim)
         # CANN does not read filter_flags: an entry keeps its bucket's FILTER (0 when new)
         held = buf[:, 16:20].copy().view("<i4").reshape(-1) == 1
         filters = dict(zip(buf[held, 0:8].copy().view("<i8").reshape(-1).tolist(),
                            (buf[held, 23] & ht.cann.FILTER).tolist()))
         kept = np.array([filters.get(k, 0) for k in keys.tolist()], np.uint8)
         table, _ = ht.import_(table, keys, entries[f"counters{i}"], kept, entries[f"values{i}"])
-        outputs.append(_output(f"table{i}", _bytes(table), dim))
+        outputs.append(_output(f"table{i}", bucket_bytes(table), dim))
     return checked, outputs, attrs
 
 
 # -- the specs -----------------------------------------------------------------------------------
 
-_TABLE_OPTIONS = dict(module="jaxops.hashtable", case_attrs=_SIZES)
+_TABLE_OPTIONS = dict(module="jaxops.hashtable", case_attrs=SIZES)
 
 register_golden(GoldenSpec(
     "InitEmbeddingHashTable", "a new 64-bucket dim-4 table from sampled values, as CANN "
-    "bucket bytes", _init_make, default_attrs=dict(_DEFAULT), build=_init_build,
+    "bucket bytes", _init_make, default_attrs=dict(DEFAULT_SIZES), build=_init_build,
     shape_doc="--bucket_size and --embedding_dim size the table", module="jaxops.hashtable",
     input_names=("sampled_values",)))
 
@@ -562,4 +316,4 @@ register_golden(GoldenSpec(
     "max_grad_norm, the table after", _adam_make, build=_single_build(_adam_make, _adam_run),
     shape=(12,), dtype="float32", shape_doc="keys [N] (distinct); --dtype: m, v, grad, the "
     "scalars and max_grad_norm (float32 or float16)",
-    input_names=("table", "keys") + _ADAM_FLOATS, **_TABLE_OPTIONS))
+    input_names=("table", "keys") + ADAM_FLOATS, **_TABLE_OPTIONS))
