@@ -66,7 +66,7 @@ def _init_build(spec, seed, attrs, shape, dtype, input_path):
         rows = named_input(op, inputs, "sampled_values", np.float32)
         if rows.size != size * dim:
             raise refusal(op, "sampled_values", f"{size * dim} values (bucket_size * "
-                         "embedding_dim)", f"shape {list(rows.shape)}")
+                          "embedding_dim)", f"shape {list(rows.shape)}")
         inputs = {"sampled_values": rows}
     else:
         inputs = {}
@@ -222,8 +222,8 @@ def _export_build(spec, seed, attrs, shape, dtype, input_path):
     sizes = [int(ht.cann.handle_counters(t)[word]) for t in tables]
     if inputs.get("table_sizes") is not None and np.asarray(inputs["table_sizes"]).tolist() != sizes:
         raise refusal(op, "table_sizes", f"{sizes}: the entries each table exports (the kernel "
-                     "writes that many rows; InferShape sizes the outputs by table_sizes)",
-                     np.asarray(inputs["table_sizes"]).tolist())
+                      "writes that many rows; InferShape sizes the outputs by table_sizes)",
+                      np.asarray(inputs["table_sizes"]).tolist())
     checked = {"table_sizes": np.array(sizes, np.int64), **checked}
     marked, keys, counters, flags, values = ht.export(tables, export_mode=attrs["export_mode"])
     outs = {"keys": [], "counters": [], "filter_flags": [], "values": []}

@@ -24,7 +24,10 @@ from jaxops.core.memory import refuse_unless_fits
 from jaxops.golden.inputs import read_named
 from jaxops.golden.specs import input_shape_dtype
 
-__all__ = ["ADAM_FLOATS", "DEFAULT_SIZES", "SIZES", "bucket_bytes", "checked_list", "checked_single", "distinct_keys", "drawn_or_given", "key_input", "library_table", "mixed", "named_input", "new_keys", "picked", "refusal", "refuse_big", "seeded_table", "size_attr", "sizes_of", "table_input"]
+__all__ = ["ADAM_FLOATS", "DEFAULT_SIZES", "SIZES", "bucket_bytes", "checked_list",
+           "checked_single", "distinct_keys", "drawn_or_given", "key_input", "library_table",
+           "mixed", "named_input", "new_keys", "picked", "refusal", "refuse_big", "seeded_table",
+           "size_attr", "sizes_of", "table_input"]
 
 SIZES = ("bucket_size", "embedding_dim")
 DEFAULT_SIZES = {"bucket_size": 64, "embedding_dim": 4}
@@ -39,6 +42,7 @@ def refusal(op: str, arg: str, expected: str, given, hint: str = "") -> OpArgume
 # -- sizes and inputs -------------------------------------------------------------------------
 
 def size_attr(op: str, attrs: dict, name: str) -> int:
+    """``bucket_size`` or ``embedding_dim`` of ``attrs`` (default 64 and 4), checked."""
     v = attrs.get(name, DEFAULT_SIZES[name])
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
             or not 1 <= int(v) < 2**31:
@@ -55,9 +59,10 @@ def refuse_big(op: str, tables: int, size: int, dim: int) -> None:
 
 
 def named_input(op: str, inputs: dict, name: str, dtype=None, shape=None) -> np.ndarray:
+    """Input ``name``, of ``dtype`` and ``shape`` where given (refused naming it else)."""
     if inputs.get(name) is None:
         raise refusal(op, "input", f"an input named {name!r}", "none",
-                     "Name the arrays as CANN's inputs (jaxops golden OP --help).")
+                      "Name the arrays as CANN's inputs (jaxops golden OP --help).")
     a = np.asarray(inputs[name])
     if dtype is not None and a.dtype != np.dtype(dtype):
         raise refusal(op, name, np.dtype(dtype).name, str(a.dtype))
@@ -67,15 +72,15 @@ def named_input(op: str, inputs: dict, name: str, dtype=None, shape=None) -> np.
 
 
 def table_input(op: str, inputs: dict, name: str, dim: int | None, dim_given: bool
-           ) -> tuple[np.ndarray, int, int]:
+                ) -> tuple[np.ndarray, int, int]:
     """A table input: its bytes, bucket_size and embedding_dim (the given one, else the
     default where its rows have that width)."""
     buf = named_input(op, inputs, name, np.uint8)
     dim = DEFAULT_SIZES["embedding_dim"] if dim is None else dim
     if buf.ndim != 2 or buf.shape[1] != ht.cann.row_bytes(dim):
         raise refusal(op, name, f"uint8 buckets [bucket_size, {ht.cann.row_bytes(dim)}] "
-                     f"(embedding_dim {dim})", f"shape {list(buf.shape)}",
-                     "" if dim_given else "Pass --embedding_dim for other rows.")
+                      f"(embedding_dim {dim})", f"shape {list(buf.shape)}",
+                      "" if dim_given else "Pass --embedding_dim for other rows.")
     return buf, buf.shape[0], dim
 
 
@@ -90,24 +95,26 @@ def library_table(op: str, name: str, buf: np.ndarray, dim: int):
 
 
 def bucket_bytes(table) -> np.ndarray:
+    """The library's table as CANN's bucket array (host uint8)."""
     return np.asarray(ht.cann.to_cann_bytes(table))
 
 
 def key_input(op: str, inputs: dict, name: str, distinct: str = "", no_unused: bool = False
-          ) -> np.ndarray:
+              ) -> np.ndarray:
+    """1-D int64 keys; ``distinct`` (why) refuses a repeated key, ``no_unused`` key -1."""
     keys = named_input(op, inputs, name, np.int64)
     if keys.ndim != 1:
         raise refusal(op, name, "1-D int64 keys", f"shape {list(keys.shape)}")
     if distinct:
         values, counts = np.unique(keys, return_counts=True)
         if (counts > 1).any():
+            at = int(np.argmax(counts > 1))
             raise refusal(op, name, f"distinct keys ({distinct})",
-                         f"key {int(values[np.argmax(counts > 1)])} {int(counts.max())} times")
+                          f"key {int(values[at])} {int(counts[at])} times")
     if no_unused and (keys == -1).any():
         raise refusal(op, name, "keys other than -1 (CANN's unused key: ApplyAdamW skips it, "
-                     "Evict would match an empty bucket)", "-1")
+                      "Evict would match an empty bucket)", "-1")
     return keys
-
 
 
 # -- generated tables and keys ---------------------------------------------------------------
@@ -232,8 +239,8 @@ def drawn_or_given(spec, seed, attrs, shape, dtype, input_path, make) -> tuple[d
     if input_path is not None:
         if shape is not None or dtype is not None:
             raise refusal(op, "shape" if shape is not None else "dtype", "no --shape/--dtype "
-                         "with --input (the file holds the inputs)",
-                         repr(shape if shape is not None else dtype))
+                          "with --input (the file holds the inputs)",
+                          repr(shape if shape is not None else dtype))
         return read_named(input_path, op), attrs
     shape, dtype = input_shape_dtype(spec, shape, dtype)
     kinds, doc = _DTYPES.get(op, ((np.int64,), "int64 (the keys; CANN's kernels take no other)"))
@@ -256,7 +263,7 @@ def checked_list(op: str, inputs: dict, attrs: dict) -> tuple[dict, dict, list]:
     dims = named_input(op, {"embedding_dims": dims}, "embedding_dims", np.int64)
     if dims.ndim != 1 or dims.size != count or count == 0:
         raise refusal(op, "embedding_dims", f"1-D int64, one entry per table ({count} tables "
-                     "table0, table1, ...)", f"shape {list(dims.shape)}")
+                      "table0, table1, ...)", f"shape {list(dims.shape)}")
     tables, sizes = {}, []
     for i, dim in enumerate(dims.tolist()):
         dim = size_attr(op, {"embedding_dim": dim}, "embedding_dim")
