@@ -30,7 +30,8 @@ def test_bucket_bytes_by_hand():
         key, counter, state = struct.unpack_from("<qQi", row.tobytes())
         flags = int(t.flags[s])
         assert state == (1 if flags & ht.cann.VALID else 0)
-        assert row[23] == flags and not row[20:23].any() and not row[36:].any()
+        assert row[23] == flags & ~ht.cann.EVICTED and row[20] == flags & ht.cann.EVICTED  # CANN's Evict: byte 20
+        assert not row[21:23].any() and not row[36:].any()
         values = np.frombuffer(row[24:36].tobytes(), "<f4")
         chex.assert_trees_all_equal(values, np.asarray(t.values[s]))
         if not flags:
