@@ -1,8 +1,11 @@
-"""Checkpoint checks in a fresh process, run by ``tests/hashtable/checkpoint/test_fresh_process.py``.
+"""Checkpoint checks in a fresh process, run by
+``tests/hashtable/checkpoint/test_fresh_process.py`` (and ``kill`` by the benchmark
+``benchmarks/checkpoint_kills.py``).
 
 A restore in the process that saved can be helped by TensorStore's caches (a byte flipped
 on disk after the save was once restored there without error), so these checks restore in
-a process that never saw the checkpoint: ``python tests/helpers/checkpoint_fresh.py MODE DIR``.
+a process that never saw the checkpoint:
+``python tests/helpers/checkpoint_fresh.py MODE DIR``.
 
 - ``resume``: restores step :data:`MID` of the run in ``DIR/run``, trains on to
   :data:`STEPS` and compares every leaf with ``DIR/expected.npz`` (the uninterrupted run),
