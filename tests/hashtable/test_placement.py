@@ -1,7 +1,11 @@
 """Placements: every table operation runs through the table's placement, one code path.
 
-The 8-device checks are in tests/helpers/sharded_checks.py; here a one-device mesh (a MeshAxis that
-routes through shard_map and all_to_all like any other) and the trivial placement.
+Here what the placement matrix (``tests/hashtable/test_placement_matrix.py``: every
+operation on one device, a mesh of one and 8 shards, against the reference) does not hold:
+placements as values, refused placements, user load policies, the rerun engine, states of
+another placement, a collection on a mesh, predicates as data, uint64 keys with x64, the
+clock and donation on a mesh. The 8-device checks beyond the matrix are in
+``tests/helpers/sharded_checks.py``.
 """
 
 import jax
@@ -41,15 +45,6 @@ def test_bad_placements_and_tables_are_refused_by_name():
         ht.MeshAxis("mesh", "d")
     with pytest.raises(OpArgumentError, match=r"find: argument 'table'.*got dict"):
         ht.find({}, np.array([1], np.int64))
-
-
-def test_dropped_is_read_inside_jit_on_both_placements(placement):
-    t = ht.set_load_policy(ht.init_table(4, DIM, initializer_mode="constant",
-                                         placement=placement), max_load_factor=1.0)
-    t, _, info = ht.lookup_or_insert(t, np.arange(7, dtype=np.int64))
-    assert int(info.unplaced) == 3
-    dropped = jax.jit(lambda table: table.dropped)(t)
-    assert isinstance(dropped, ht.words.Counter64) and int(dropped) == 3 == int(t.dropped)
 
 
 def _quadruple(op, table, demand, donate):
@@ -107,33 +102,6 @@ def test_a_collection_holds_a_table_on_a_mesh():
         pooled.append(np.asarray(coll.pool(looked)["a"]))
     np.testing.assert_array_equal(pooled[0], pooled[1])
     np.testing.assert_array_equal(pooled[0], [[2.0, 2.0], [1.0, 1.0]])
-
-
-def test_resize_moves_every_optimizer_state_with_its_keys(placement):
-    t = ht.init_table(16, DIM, initializer_mode="constant", placement=placement)
-    opt = ht.optim.adagrad(0.1, initial_accumulator_value=0.5)
-    state, adam = opt.init(t), ht.adam_w_init(t)
-    keys = np.arange(10, dtype=np.int64) * 7
-    t, _, info = ht.lookup_or_insert(t, keys)
-    grads = np.arange(20, dtype=np.float32).reshape(10, DIM)
-    t, state = opt.update(t, state, info.slots, grads)
-    t, adam = ht.apply_adam_w(t, adam, keys, grads, lr=0.1, weight_decay=0.0)
-    t = ht.evict(t, keys[:2])  # tombstones are not carried over; their rows stay behind
-    big, (state2, adam2) = ht.resize(t, 64, states=[(state, opt.init),
-                                                     (adam, ht.adam_w_init)])
-    old, new = np.asarray(ht.locate(t, keys[2:])), np.asarray(ht.locate(big, keys[2:]))
-    rows = lambda a: np.asarray(a).reshape(-1, DIM)  # noqa: E731  (shards flattened)
-    np.testing.assert_array_equal(rows(state.sum_of_squares)[old],
-                                  rows(state2.sum_of_squares)[new])
-    np.testing.assert_array_equal(rows(adam.m)[old], rows(adam2.m)[new])
-    free = np.setdiff1d(np.arange(64), new)
-    assert np.all(rows(state2.sum_of_squares)[free] == 0.5)  # init's rows, not zeros
-    np.testing.assert_array_equal(np.asarray(adam.beta1_power), np.asarray(adam2.beta1_power))
-    # The next step is the one the old table would take.
-    t1, _ = opt.update(t, state, ht.locate(t, keys[2:]), grads[2:])
-    b1, _ = opt.update(big, state2, ht.locate(big, keys[2:]), grads[2:])
-    np.testing.assert_array_equal(np.asarray(ht.find(t1, keys[2:])[0]),
-                                  np.asarray(ht.find(b1, keys[2:])[0]))
 
 
 def _compiles_during(fn) -> int:
@@ -216,3 +184,18 @@ def test_uint64_keys_export_with_x64_on(placement):
         t, keys, *_ = ht.export(t)
         assert keys.data.dtype == np.uint64
         assert sorted(ht.host_keys(t, jaxops.refresh(keys)).tolist()) == [5, 2**64 - 1]
+
+
+def test_step_sets_every_shard_clock_and_donate_consumes_the_table():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    t = ht.init_sharded_table(16, 2, mesh, "d", initializer_mode="constant")
+    t, _, info = ht.lookup_or_insert(t, np.array([3, 4], np.int64), step=7)
+    slots = np.asarray(info.slots)
+    assert np.asarray(t.shards.clock).tolist() == [7]
+    assert np.asarray(t.shards.last_access).reshape(-1)[slots].tolist() == [7, 7]
+    new, _, info = ht.lookup_or_insert(t, np.array([3], np.int64), donate=True)
+    assert t.shards.values.is_deleted() and int(info.inserted) == 0 and int(new.live) == 2
+    with pytest.raises(OpArgumentError, match="donate"):  # a rerun would need the table
+        ht.lookup_or_insert(new, np.array([3], np.int64), donate=True, route_capacity=1)
+    with pytest.raises(OpArgumentError, match="step"):
+        ht.lookup_or_insert(t, np.array([3], np.int64), step=2**32)

@@ -1,10 +1,13 @@
-"""Checks of sharded hash tables on 8 host devices, run in a child process.
+"""The 8-device checks that the placement matrix does not hold, run in the 8-device child.
 
-``tests/hashtable/test_sharded.py`` runs ``python tests/helpers/sharded_checks.py`` with
-``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (it must be set before jax is
-imported, so the rest of the suite keeps one device) and reads one JSON line per check:
-``{"check": name, "ok": bool, "error": str}``. Run it by hand to debug a check (the last
-one reads a line from stdin: ``ok DIR`` after a 2-process run into ``DIR``).
+``tests/helpers/eight_devices.py`` runs each of :data:`CHECKS` (after the matrix's rows on 8
+shards) in a process with 8 forced host devices, and ``tests/hashtable/test_sharded.py``
+reports each as its own test. These are what holds beyond "each operation on 8 shards
+equals the reference": routing overflow and its reports, the load policies per shard,
+checkpoints re-owned onto other shard counts, export and import across shard counts, a
+table inside the user's ``shard_map``, a 2**18-slot table, the embedding collection and the
+training recipe on 8 devices as on one, and a run of 2 processes (``sharded_multiprocess.py``,
+started at the beginning: :func:`start_two_processes`) whose checkpoints restore here.
 
 The checks share compiled programs (compiling dominates their time): every batch has
 ``BATCH`` keys, the tables come from :func:`fresh_pair`, and a new check should reuse the
@@ -13,13 +16,12 @@ shapes and attributes (``COUNTER``) of the existing ones where its property allo
 
 from __future__ import annotations
 
-import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import warnings
-import time
-import traceback
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import jaxops.hashtable as ht  # noqa: E402
 from jaxops.core.errors import CapacityOverflowError, OpArgumentError  # noqa: E402
 from jaxops.embedding import Bags, EmbeddingCollection, TableConfig  # noqa: E402
-from jaxops.hashtable.cann import EVICTED, FILTER, VALID  # noqa: E402
+from jaxops.hashtable.cann import EVICTED, VALID  # noqa: E402
 from jaxops.hashtable.words import to_host_int64  # noqa: E402
 
 DIM = 4
@@ -119,103 +121,6 @@ BATCH = 64  # every check uses batches of this size: the compiled programs are s
 COUNTER = dict(filter_mode="counter", filter_freq=2)
 
 
-@check
-def random_operations_match_one_table():
-    rng = np.random.default_rng(0)
-    single, sharded = fresh_pair(8)
-    state1, state8 = ht.adam_w_init(single), ht.adam_w_init(sharded)
-    sgd = ht.optim.adagrad(0.1)
-    opt1, opt8 = sgd.init(single), sgd.init(sharded)
-    for i in range(5):
-        keys = rng.integers(-40, 160, size=BATCH).astype(np.int64)  # duplicates and -1
-        single, rows1, info1 = ht.lookup_or_insert(single, keys, **COUNTER)
-        sharded, rows8, info8 = ht.lookup_or_insert(sharded, keys, **COUNTER)
-        np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6,
-                                   err_msg=f"rows of batch {i}")
-        assert_equal(info1.admitted, info8.admitted, f"admitted of batch {i}")
-        for name in ("inserted", "unplaced", "not_admitted", "filtered"):
-            assert_equal(getattr(info1, name), getattr(info8, name), f"{name} of batch {i}")
-        assert_equal(info1.slots >= 0, info8.slots >= 0, f"placed of batch {i}")
-        grads = rng.standard_normal((BATCH, DIM)).astype(np.float32)
-        if i % 3 == 0:
-            single, state1 = ht.apply_adam_w(single, state1, keys, grads, lr=0.1, weight_decay=0.01)
-            sharded, state8 = ht.apply_adam_w(sharded, state8, keys, grads, lr=0.1,
-                                              weight_decay=0.01)
-        elif i % 3 == 1:
-            single, state1 = ht.apply_adam_w(single, state1, None, grads, lr=0.1,
-                                             weight_decay=0.0, slots=info1.slots)
-            sharded, state8 = ht.apply_adam_w(sharded, state8, None, grads, lr=0.1,
-                                              weight_decay=0.0, slots=info8.slots)
-        else:
-            single, opt1 = sgd.update(single, opt1, info1.slots, grads)
-            sharded, opt8 = sgd.update(sharded, opt8, info8.slots, grads)
-        if i == 4:  # last batch: no key reuses a tombstone's optimizer state afterwards
-            # 20 of the batch's keys and absent ones (a full batch: save_on_8...'s program)
-            gone = np.where(np.arange(BATCH) < 20, keys, 10**15 + np.arange(BATCH))
-            # (A key reusing an evicted key's slot inherits its optimizer state, a known
-            # defect: tests/hashtable/optim/test_optim.py has the strict xfail.)
-            single = ht.evict(single, gone, const_val=0.5)
-            sharded = ht.evict(sharded, gone, const_val=0.5)
-        if i == 3:
-            new = np.array([1000, 1001, 7], np.int64)
-            args = (np.array([3, 4, 5], np.uint64), np.array([1, 0, 1], np.uint8),
-                    np.full((3, DIM), 2.0, np.float32))
-            single, _ = ht.import_(single, new, *args)
-            sharded, _ = ht.import_(sharded, new, *args)
-        # Live entries: tombstones are layout-dependent (a new key may take one's slot).
-        same(entries(single, live_only=True), entries(sharded, live_only=True),
-             f"entries after batch {i}", exact_rows=False)
-        assert_equal(single.live, sharded.live, "live")
-        assert_equal(single.not_exported, sharded.not_exported, "not_exported")
-        # LRU scores: every shard's clock steps with the one table's, and each live key
-        # was last touched at the same step.
-        if scores(single) != scores(sharded):
-            raise AssertionError(f"scores after batch {i}: {scores(single)[1]} vs "
-                                 f"{scores(sharded)[1]} clocks, last_access differ")
-    assert_equal(int(state1.skipped), _shard_total(state8.skipped), "adam skipped")
-    assert_equal(int(opt1.skipped), _shard_total(opt8.skipped), "adagrad skipped")
-    probe = np.arange(-5, BATCH - 5, dtype=np.int64)
-    rows1, found1 = ht.find(single, probe)
-    rows8, found8 = ht.find(sharded, probe)
-    np.testing.assert_allclose(np.asarray(rows1), np.asarray(rows8), rtol=1e-5, atol=1e-6)
-    assert_equal(found1, found8, "find found")
-    maintenance_on_the_same_tables(single, sharded, info8.slots)
-
-
-def maintenance_on_the_same_tables(single, sharded, batch_slots):
-    """evict_if, evict_lowest, compact, export_chunks and to_cann_bytes on a sharded table
-    that equals ``single`` (random_operations_match_one_table's tables)."""
-    old = entries(sharded, live_only=True)
-    pick = ht.not_seen_for(2)  # per entry: exactly one table's result
-    same(entries(ht.evict_if(single, pick), live_only=True),
-         entries(ht.evict_if(sharded, pick), live_only=True), "evict_if", exact_rows=False)
-    # evict_lowest over all shards: oldest first, then lowest counter, then global slot.
-    t, get, flags, keys = _host_slots(sharded)
-    age = (get(t.clock)[0] - get(t.last_access)).astype(np.uint32)
-    counter = ht.words.to_host_int64(ht.words.Words64(get(t.counter_lo), get(t.counter_hi)), signed=False)
-    kept = set(np.asarray(batch_slots).reshape(-1).tolist())
-    order = [i for i in np.lexsort((np.arange(flags.size), counter, -age.astype(np.int64)))
-             if flags[i] & (VALID | EVICTED) == VALID and i not in kept]
-    low = ht.evict_lowest(sharded, 7, keep=batch_slots)
-    assert set(old) - set(entries(low, live_only=True)) == {int(keys[i]) for i in order[:7]}
-    assert int(low.live) == int(sharded.live) - 7
-    packed = ht.compact(sharded)  # tombstones gone, live entries kept
-    same(old, entries(packed), "compact")
-    marked, chunks = ht.export_chunks(sharded, 16)
-    chunks = list(chunks)
-    got = {int(k): (int(c), int(f)) for ch in chunks for k, c, f in
-           zip(ch.keys, ch.counters, ch.filter_flags)}
-    assert got == {k: (e[0], int(e[1] & FILTER != 0)) for k, e in old.items()}
-    slots = np.concatenate([ch.slots for ch in chunks])
-    assert_equal(keys[slots], np.concatenate([ch.keys for ch in chunks]), "chunk slots")
-    assert int(marked.not_exported) == 0 and int(sharded.not_exported) > 0
-    try:
-        ht.cann.to_cann_bytes(sharded)
-        raise AssertionError("to_cann_bytes took a ShardedHashTable")
-    except OpArgumentError as e:
-        assert e.op == "to_cann_bytes" and "shard" in str(e), e
-
-
 def skewed_keys(first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A batch of 40 keys owned by shard 3 (of 8) and 24 owned by others, shuffled, from
     ``first`` on; and every candidate key's owner."""
@@ -230,7 +135,7 @@ def skewed_keys(first: int = 0) -> tuple[np.ndarray, np.ndarray]:
 @check
 def routing_overflow_is_reported():
     # Every call here runs at route_capacity 2 (one program) or at the default capacity
-    # with COUNTER (the program of random_operations_match_one_table).
+    # with COUNTER (one program).
     _, t = fresh_pair(8)
     keys, owner = skewed_keys()
     dest = owner[keys].reshape(8, BATCH // 8)  # device d sends keys[8d:8d+8]
@@ -317,37 +222,6 @@ def load_policy_acts_per_shard_before_the_insert():
     assert len(gone) == 13 and gone <= set(old3[10:].tolist()), sorted(gone)
     assert bool(np.all(np.asarray(info.slots) >= 0)) and int(table.live) == len(after)
     assert scores(table)[1] == [3]
-
-
-@check
-def gradients_match_dense_reference():
-    rng = np.random.default_rng(1)
-    single, sharded = fresh_pair(8)
-    keys = rng.integers(0, 50, size=BATCH).astype(np.int64)
-    sharded, _, _ = ht.lookup_or_insert(sharded, keys, **COUNTER)
-    single, _, _ = ht.lookup_or_insert(single, keys, **COUNTER)
-    weight = jnp.asarray(rng.standard_normal((BATCH, DIM)).astype(np.float32))
-
-    def loss(table, values):
-        return jnp.sum(ht.lookup(table.replace(values=values), keys) ** 2 * weight)
-
-    g8 = jax.jit(jax.grad(lambda v: loss(sharded, v)))(sharded.values)
-    g1 = jax.grad(lambda v: loss(single, v))(single.values)
-    dense = np.zeros((50, DIM), np.float32)  # reference: d/dv sum(v[k]^2 w) = 2 v w per use
-    np.add.at(dense, keys, 2 * 0.5 * np.asarray(weight))
-    slots8 = np.asarray(ht.locate(sharded, np.arange(BATCH, dtype=np.int64)))[:50]
-    slots1 = np.asarray(ht.locate(single, np.arange(BATCH, dtype=np.int64)))[:50]
-    got8 = np.asarray(g8).reshape(-1, DIM)
-    for k in range(50):
-        want = dense[k] if slots8[k] >= 0 else np.zeros(DIM)
-        np.testing.assert_allclose(got8[slots8[k]] if slots8[k] >= 0 else 0 * want, want,
-                                   rtol=1e-6, atol=1e-6)
-        if slots1[k] >= 0:
-            assert_equal(got8[slots8[k]], np.asarray(g1)[slots1[k]], f"grad of key {k}")
-    assert np.count_nonzero(got8.any(axis=1)) == len(set(keys.tolist()))
-    rows = jax.grad(lambda v: jnp.sum(ht.gather(sharded.replace(values=v), slots8[keys])))(
-        sharded.values)
-    np.testing.assert_allclose(np.asarray(rows).sum(), BATCH * DIM)
 
 
 def keyed(table, state) -> dict:
@@ -442,8 +316,7 @@ def export_import_across_shard_counts():
 
 @check
 def single_table_inside_shard_map_with_check_vma():
-    # The eager reference call is random_operations_match_one_table's (same table shape,
-    # batch and attributes): only the shard_map program is compiled here.
+    # One table per device, inside the user's shard_map; each equals the same table eagerly.
     mesh = mesh_of(8)
     table, _ = fresh_pair(8)
 
@@ -480,27 +353,6 @@ def export_chunks_and_resize_at_2_18_slots():
     big = ht.resize(t, 1 << 19)
     assert big.shard_size == 1 << 16
     same(want, entries(big, live_only=True), "resize 2^18 -> 2^19")
-
-
-@check
-def dropped_counts_inside_jit_on_both_placements():
-    # Shards of 8 slots that may fill (max_load_factor 1.0): keys that find no slot are
-    # counted in info.unplaced and in table.dropped, which a jitted function can read.
-    t = ht.set_load_policy(ht.init_sharded_table(64, DIM, mesh_of(8), "shard",
-                                                 initializer_mode="constant"),
-                           max_load_factor=1.0)
-    one = ht.set_load_policy(ht.init_table(8, DIM, initializer_mode="constant"),
-                             max_load_factor=1.0)
-    lost = lost_one = 0
-    for i in range(3):
-        batch = np.arange(BATCH, dtype=np.int64) + 1000 * i
-        t, _, info = ht.lookup_or_insert(t, batch, **COUNTER)
-        one, _, info_one = ht.lookup_or_insert(one, batch, **COUNTER)
-        lost, lost_one = lost + int(info.unplaced), lost_one + int(info_one.unplaced)
-    assert lost > 0 and lost_one > 0
-    read = jax.jit(lambda table: table.dropped)
-    assert int(read(t)) == lost == int(t.dropped), (int(read(t)), lost)
-    assert int(read(one)) == lost_one == int(one.dropped)
 
 
 def _grow_fourfold(op, table, demand, donate):
@@ -599,24 +451,70 @@ def a_revived_key_starts_fresh_on_8_shards():
     np.testing.assert_array_equal(revived, new)
 
 
+TWO_PROCESSES: dict = {}  # the 2-process run: its processes, logs and directory
+#: The checks that read the 2-process run's checkpoints.
+ON_TWO_PROCESSES = ("two_processes_match_one_table", "resumed_on_2_shards_in_a_fresh_process")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_two_processes(out: str, env: dict) -> None:
+    """Starts the 2-process run (``sharded_multiprocess.py``, 4 forced host devices each,
+    ``env`` otherwise) into ``out``; its checks wait for it."""
+    port = str(_free_port())
+    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                     if "device_count" not in f) + " --xla_force_host_platform_device_count=4"
+    logs = [open(os.path.join(out, f"process-{i}.log"), "w+") for i in range(2)]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharded_multiprocess.py")
+    TWO_PROCESSES.update(dir=out, logs=logs, procs=[
+        subprocess.Popen([sys.executable, script, str(i), port, out], stdout=log,
+                         stderr=subprocess.STDOUT, env=dict(env, XLA_FLAGS=flags.strip()))
+        for i, log in enumerate(logs)])
+
+
+@check
+def two_processes_train_save_and_resume():
+    """The 2-process run itself (``jax.distributed``, 8 shards over 2 processes): a jitted,
+    donated train step, asynchronous saves, resumes on 8 and 4 shards equal to the
+    uninterrupted run, the load policy across processes, a forced save over a checkpoint."""
+    if "procs" not in TWO_PROCESSES:
+        raise AssertionError("the 2-process run was not started")
+    procs = TWO_PROCESSES["procs"]
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outs = []
+    for log in TWO_PROCESSES["logs"]:
+        log.seek(0)
+        outs.append(log.read()[-3000:])
+        log.close()
+    TWO_PROCESSES["ok"] = codes == [0, 0]
+    assert codes == [0, 0], f"exit codes {codes}:\n" + "\n----\n".join(outs)
+
+
 def _two_processes_dir() -> str:
-    """The 2-process run's directory (the parent writes ``ok <dir>`` on stdin once both
-    processes ended, or ``failed``); read once."""
-    if not hasattr(_two_processes_dir, "where"):
-        status, _, where = sys.stdin.readline().strip().partition(" ")
-        _two_processes_dir.where = where if status == "ok" else None
-    if _two_processes_dir.where is None:
-        raise AssertionError("the two processes did not finish (their output is in the "
-                             "parent test's report)")
-    return _two_processes_dir.where
+    """The 2-process run's directory, once both processes ended well."""
+    if not TWO_PROCESSES.get("ok"):
+        raise AssertionError("the two processes did not finish: see the check "
+                             "two_processes_train_save_and_resume")
+    return TWO_PROCESSES["dir"]
 
 
 @check
 def the_training_recipe_on_8_devices_equals_one_device():
     # examples/training_recipe.py: a jitted, donated step with maintain between steps; the
     # table grows with its optimizer state on 8 shards as on one device, losses bit for bit.
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__))), "examples"))
+    from tests.helpers.util import ROOT
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
     import training_recipe
 
     runs = [training_recipe.main(steps=12, batch=128, slots=1024, policy="grow", devices=d)
@@ -629,10 +527,9 @@ def the_training_recipe_on_8_devices_equals_one_device():
 
 @check
 def two_processes_match_one_table():
-    """Last but one: the 2-process run (tests/helpers/sharded_multiprocess.py, started by the parent
-    test alongside this child) has saved its state, 8 shards over 2 processes. Its last
-    checkpoint restores onto 4 shards here and equals one unsharded table fed the same
-    batches."""
+    """The 2-process run (``sharded_multiprocess.py``) has saved its state, 8 shards over 2
+    processes. Its last checkpoint restores onto 4 shards here and equals one unsharded
+    table fed the same batches."""
     import orbax.checkpoint as ocp
 
     import tests.helpers.sharded_multiprocess as mp
@@ -641,7 +538,7 @@ def two_processes_match_one_table():
         target = mp.fresh(ht, mesh_of(4))
         loaded = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(target))["table"]
     assert loaded.num_shards == 4 and loaded.bucket_size == mp.SLOTS
-    single, _ = fresh_pair(8)  # the programs of random_operations_match_one_table
+    single, _ = fresh_pair(8)
     single, _, _ = mp.train(single, ht.adam_w_init(single), ht)
     same(entries(single, live_only=True), entries(loaded, live_only=True),
          "2 processes vs one table", exact_rows=False)
@@ -650,9 +547,9 @@ def two_processes_match_one_table():
 
 @check
 def resumed_on_2_shards_in_a_fresh_process():
-    """Last: the 2-process run's mid-training checkpoint (8 shards) resumes here on 2
-    shards; the (key, counter, flags, row, AdamW moments) of every live key then equal
-    the 2 processes' uninterrupted run, bit for bit."""
+    """The 2-process run's mid-training checkpoint (8 shards) resumes here on 2 shards; the
+    (key, counter, flags, row, AdamW moments) of every live key then equal the 2 processes'
+    uninterrupted run, bit for bit."""
     import orbax.checkpoint as ocp
 
     import tests.helpers.sharded_multiprocess as mp
@@ -668,25 +565,3 @@ def resumed_on_2_shards_in_a_fresh_process():
         diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         raise AssertionError(f"resumed on 2 shards: {len(diff)} of {len(want)} keys differ "
                              f"from the uninterrupted run, e.g. {diff[:3]}")
-
-
-def main(names: list[str]) -> int:
-    assert len(jax.devices()) >= 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
-    failed = 0
-    for fn in CHECKS:
-        if names and fn.__name__ not in names:
-            continue
-        start = time.perf_counter()
-        try:
-            fn()
-            result = {"check": fn.__name__, "ok": True, "error": ""}
-        except Exception:  # noqa: BLE001 - reported to the parent test
-            result = {"check": fn.__name__, "ok": False, "error": traceback.format_exc()}
-            failed += 1
-        result["seconds"] = round(time.perf_counter() - start, 2)
-        print(json.dumps(result), flush=True)
-    return failed
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
