@@ -38,7 +38,7 @@ import numpy as np
 
 import jaxops
 from benchmarks.common import Check, Result, against, all_of, compare
-from tests.cases.nms import ort_feeds, ort_session
+from tests.helpers.cases.nms import ort_feeds, ort_session
 
 THRESHOLD, PER_CLASS, PER_IMAGE = 0.25, 300, 300
 #: (batch, boxes, classes, pre_nms_top_k) of each workload (full size, then --quick)
