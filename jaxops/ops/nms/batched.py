@@ -100,16 +100,19 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     scores = scores.astype(dtype)[None]
     decoded = decode_boxes(boxes, dtype=dtype)
     groups = _dense_groups(idxs)
-    det = detect(lambda f: decoded.map(lambda x: x[f]), priority_keys(scores, n, exact_ranking),
-                 score_candidates(scores, score_threshold), lambda f: groups[f],
-                 capacity=n if pre_nms_top_k is None else pre_nms_top_k,
-                 iou_threshold=torchvision_threshold(iou_threshold, dtype),
-                 total=None if limit == n else limit)
-    ranks, count = compact_indices(det.kept[0], size=limit, fill_value=0)
-    kept = jnp.where(jnp.arange(limit) < count, det.flat[0][ranks], -1)
-    true = jnp.minimum(count + det.cut[0], limit)[None]
-    return (DynArray(kept.astype(index_dtype()), count.reshape(1),
-                     true_shape=true if track else None, fill_value=INDEX_FILL),)
+
+    def finish(det):
+        ranks, count = compact_indices(det.kept[0], size=limit, fill_value=0)
+        kept = jnp.where(jnp.arange(limit) < count, det.flat[0][ranks], -1)
+        true = jnp.minimum(count + det.cut[0], limit)[None]
+        return (DynArray(kept.astype(index_dtype()), count.reshape(1),
+                         true_shape=true if track else None, fill_value=INDEX_FILL),)
+
+    return detect(lambda f: decoded.map(lambda x: x[f]), priority_keys(scores, n, exact_ranking),
+                  score_candidates(scores, score_threshold), lambda f: groups[f],
+                  capacity=n if pre_nms_top_k is None else pre_nms_top_k,
+                  iou_threshold=torchvision_threshold(iou_threshold, dtype),
+                  total=None if limit == n else limit, finish=finish)
 
 
 BATCHED_NMS.kernel("xla")(_batched_kernel)

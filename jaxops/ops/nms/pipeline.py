@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +31,9 @@ from jaxops.capacity.policy import warn_once
 from jaxops.core.dynarray import DynArray
 from jaxops.ops._conventions import read_input
 from jaxops.ops.nms.bitmask import bitmask_nms
-from jaxops.ops.nms.candidates import (apply_limits, group_order, orders, priority_keys,
-                                       select)
+from jaxops.ops.ladder import climb, pad_to, tiers
+from jaxops.ops.nms.candidates import (Candidates, apply_limits, compacted, group_order, orders,
+                                       priority_keys, select)
 from jaxops.ops.nms.iou import Boxes
 
 __all__ = ["Detections", "detect", "priority_keys", "tracks_true_shape", "valid_candidates",
@@ -72,11 +73,19 @@ FIRST_PASS = 4
 def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax.Array,
            groups_of: Callable[[jax.Array], jax.Array], *, capacity: int, iou_threshold,
            inclusive: bool = False, group_bound: int | None = None,
-           per_group: int | None = None, total: int | None = None) -> Detections:
-    """Greedy NMS per image over its scored elements.
+           per_group: int | None = None, total: int | None = None,
+           finish: Callable[[Detections], Any] | None = None) -> Any:
+    """Greedy NMS per image over its scored elements: ``finish`` of the :class:`Detections`.
+
+    The candidates' sorts, IoU bitmask and ``finish`` run at the smallest tier of the
+    capacity ladder (:mod:`jaxops.ops.ladder`) that holds every image's candidates: an
+    image with 200 candidates among 20,000 elements walks 256 slots, not 20,000. A tier
+    below the capacity only runs when nothing is cut, and what the walk keeps does not
+    depend on the slots it has (only its cost does), so an operator's outputs are the same
+    at every tier that runs.
 
     When the result is limited (``total``, or ``per_group`` over ``group_bound`` groups) to
-    far fewer than the ``capacity`` candidates, a first pass walks only the best
+    far fewer than the tier's candidates, a first pass walks only the best
     ``FIRST_PASS`` times that many. Its result is the full walk's whenever it can prove it:
     every candidate fitted, or it kept ``total`` already, or every group either reached
     ``per_group`` or had all its candidates in the pass (a candidate's fate depends only on
@@ -95,9 +104,42 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax
       group_bound: a static ``G`` with ``0 <= group < G`` when known (a faster sort).
       per_group: the most kept per group (``None``: no limit).
       total: the most kept per image, the best by priority (``None``: no limit).
+      finish: the operator's outputs from the Detections of a tier (``[P, t]`` slots, ``t``
+        at most ``capacity``), of the same shapes at every tier; ``None``: the Detections
+        padded to ``capacity`` slots.
     """
-    k = min(capacity, keys.shape[1])
+    m = keys.shape[1]
+    k = min(capacity, m)
+    steps = tiers(k)
     cands = select(keys, passing, k)
+    # The lower tiers hold every candidate: select's compaction when it compacts (k < M),
+    # else one compaction to the largest lower tier, shared by them (compiled once).
+    low = cands if k < m or len(steps) == 1 else compacted(passing, cands.count, steps[-2])
+
+    def at(t: int) -> Detections:
+        part = cands if t == k else \
+            Candidates(low.flat[:, :t], low.valid[:, :t], low.count, low.cut)
+        det = _walk_candidates(part, boxes_of, keys, groups_of, iou_threshold, inclusive,
+                               group_bound, per_group, total)
+        return _padded(det, k) if finish is None else finish(det)
+    return climb(cands.count, steps, at)
+
+
+def _padded(det: Detections, k: int) -> Detections:
+    """``det`` over ``k`` slots: the ones added are not kept and come last by group."""
+    t = det.flat.shape[1]
+    if t == k:
+        return det
+    extra = jnp.broadcast_to(jnp.arange(t, k, dtype=jnp.int32), (det.flat.shape[0], k - t))
+    return det._replace(flat=pad_to(det.flat, k, axis=1), kept=pad_to(det.kept, k, axis=1),
+                        by_group=jnp.concatenate([det.by_group, extra], axis=1))
+
+
+def _walk_candidates(cands: Candidates, boxes_of, keys, groups_of, iou_threshold, inclusive,
+                     group_bound, per_group, total) -> Detections:
+    """NMS of the candidate slots ``cands`` (``[P, K]``), with the first pass (see
+    :func:`detect`)."""
+    p, k = cands.flat.shape
     groups = groups_of(cands.flat).astype(jnp.int32)
     order = orders(jnp.take_along_axis(keys, cands.flat, axis=1), cands, groups, group_bound)
     invalid = jnp.iinfo(jnp.int32).max
@@ -127,20 +169,14 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax
     seen = jnp.sum(best_valid, axis=1) == jnp.sum(cands.valid, axis=1)
     proven = seen | (jnp.sum(small.kept, axis=1) >= (need if total is None else total))
     if total is None:  # per group: full, or all its candidates seen
-        rows = jnp.arange(keys.shape[0])[:, None]
+        rows = jnp.arange(p)[:, None]
 
         def per(g, where):
-            return jnp.zeros((keys.shape[0], group_bound + 1), jnp.int32).at[
+            return jnp.zeros((p, group_bound + 1), jnp.int32).at[
                 rows, jnp.where(where, g, group_bound)].add(1)[:, :group_bound]
         proven |= jnp.all((per(best_groups, small.kept) >= per_group)
                           | (per(best_groups, best_valid) == per(groups, cands.valid)), axis=1)
-
-    def padded():
-        pad = ((0, 0), (0, k - first))
-        extra = jnp.broadcast_to(jnp.arange(first, k, dtype=jnp.int32), (keys.shape[0], k - first))
-        return Detections(jnp.pad(small.flat, pad), jnp.pad(small.kept, pad),
-                          jnp.concatenate([small.by_group, extra], axis=1), cands.count, cands.cut)
-    return lax.cond(jnp.all(proven), padded,
+    return lax.cond(jnp.all(proven), lambda: _padded(small, k),
                     lambda: walk(order.by_priority, order.by_group))
 
 
