@@ -16,7 +16,7 @@ switch index would run every tier), so a vmapped call costs one tier, not the la
 
 >>> import jax, jax.numpy as jnp
 >>> tiers(20000)
-(256, 1024, 4096, 20000)
+(256, 2048, 20000)
 >>> x = jnp.array([5, 3, 9, 0, 0, 0, 0, 0])    # the data fill the first 3 slots
 >>> def top3(t):                                # cost follows t; padded back to 8 slots
 ...     return pad_to(-jnp.sort(-x[:t]), 8, fill=0)
@@ -43,7 +43,7 @@ class LadderSettings(NamedTuple):
     operator at its full capacity (the reference the tests compare with)."""
 
     smallest: int = 256
-    factor: int = 4
+    factor: int = 8
     enabled: bool = True
 
 
@@ -74,17 +74,18 @@ def settings(**changes: Any) -> Iterator[LadderSettings]:
 
 def tiers(capacity: int, smallest: int | None = None, factor: int | None = None
           ) -> tuple[int, ...]:
-    """The ladder up to ``capacity``: ``smallest * factor**i`` while ``factor`` times it
-    still fits in ``capacity`` (so the top step is at least ``factor``), then ``capacity``.
+    """The ladder up to ``capacity``: ``smallest * factor**i`` while ``capacity`` is at
+    least ``factor / 2`` times it (a last step of 2 would cost a tier's compile for
+    little), then ``capacity``.
 
-    >>> tiers(1024), tiers(1000), tiers(300), tiers(672000)[-3:]
-    ((256, 1024), (1000,), (300,), (16384, 65536, 672000))
+    >>> tiers(1024), tiers(1000), tiers(300), tiers(672000)
+    ((256, 1024), (1000,), (300,), (256, 2048, 16384, 131072, 672000))
     """
     s = _SETTINGS.get()
     smallest, factor = smallest or s.smallest, factor or s.factor
     steps = []
     t = max(1, smallest)
-    while s.enabled and t * factor <= capacity:
+    while s.enabled and t * factor <= 2 * capacity and t < capacity:
         steps.append(t)
         t *= factor
     return (*steps, capacity)

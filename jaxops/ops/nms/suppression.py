@@ -133,29 +133,23 @@ def _onnx_kernel(boxes, scores, *, max_output_boxes_per_class, iou_threshold, sc
                            dtype=dtype)                                  # fields [B, N]
     flat_scores = scores.astype(dtype).reshape(b, c * n)                 # element c * N + n
 
-    def finish(det):  # at a tier of t candidate slots, at most t rows per image are kept
-        kept, flat = det.kept_by_group(), det.flat_by_group()  # class, then score: ONNX's
-        slots = min(per_image, kept.shape[1])
-        found = jnp.sum(kept, axis=1, dtype=jnp.int32)                    # [B] <= per_image
-        pos, _ = jax.vmap(lambda k: compact_indices(k, slots, fill_value=0))(kept)
-        element = jnp.take_along_axis(flat, pos, axis=1)                 # [B, slots]
-        image = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], element.shape)
-        candidates = jnp.stack([image, element // n, element % n], axis=-1).reshape(-1, 3)
-        valid = (jnp.arange(slots) < found[:, None]).reshape(-1)
-        total = jnp.sum(found)
-        if rows < b * slots:  # a capacity below the maximum: overflow keeps the best
-            ranked = jnp.take_along_axis(flat_scores, element, axis=1).reshape(-1)
-            valid = _keep_top_scoring(valid, ranked, rows, total)
-        idx, _ = compact_indices(valid, size=rows, fill_value=0)
-        bound = jnp.sum(jnp.minimum(found + det.cut, per_image))  # what cut candidates add
-        return _rows_dynarray(candidates[idx].astype(itype), total, bound, rows, track)
-
-    return (detect(lambda f: decoded.map(lambda x: jnp.take_along_axis(x, f % n, axis=1)),
-                   priority_keys(flat_scores, n, exact_ranking),
-                   score_candidates(flat_scores, score_threshold), lambda f: f // n,
-                   capacity=c * n if pre_nms_top_k is None else pre_nms_top_k,
-                   iou_threshold=iou_threshold, group_bound=c, per_group=per_class,
-                   total=None if per_image == c * per_class else per_image, finish=finish),)
+    kept = detect(lambda f: decoded.map(lambda x: jnp.take_along_axis(x, f % n, axis=1)),
+                  priority_keys(flat_scores, n, exact_ranking),
+                  score_candidates(flat_scores, score_threshold), lambda f: f // n,
+                  capacity=c * n if pre_nms_top_k is None else pre_nms_top_k,
+                  slots=per_image, by_group=True,  # class, then score: ONNX's order
+                  iou_threshold=iou_threshold, group_bound=c, per_group=per_class,
+                  total=None if per_image == c * per_class else per_image)
+    image = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], kept.element.shape)
+    candidates = jnp.stack([image, kept.element // n, kept.element % n], axis=-1).reshape(-1, 3)
+    valid = (jnp.arange(per_image) < kept.found[:, None]).reshape(-1)
+    total = jnp.sum(kept.found)
+    if rows < b * per_image:  # a capacity below the maximum: overflow keeps the best
+        ranked = jnp.take_along_axis(flat_scores, kept.element, axis=1).reshape(-1)
+        valid = _keep_top_scoring(valid, ranked, rows, total)
+    idx, _ = compact_indices(valid, size=rows, fill_value=0)
+    bound = jnp.sum(jnp.minimum(kept.found + kept.cut, per_image))  # what cut candidates add
+    return (_rows_dynarray(candidates[idx].astype(itype), total, bound, rows, track),)
 
 
 def _keep_top_scoring(keep: jax.Array, ranked_scores: jax.Array, rows: int,
