@@ -99,7 +99,8 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     scores = scores.astype(dtype)[None]
     decoded = decode_boxes(boxes, dtype=dtype)
     groups = _dense_groups(idxs)
-    kept = detect(lambda f: decoded.map(lambda x: x[f]), priority_keys(scores, n, exact_ranking),
+    kept = detect(lambda f: decoded.map(lambda x: x[f]), scores,
+                  lambda s: priority_keys(s, n, exact_ranking),
                   score_candidates(scores, score_threshold), lambda f: groups[f],
                   capacity=n if pre_nms_top_k is None else pre_nms_top_k, slots=limit,
                   iou_threshold=torchvision_threshold(iou_threshold, dtype),

@@ -137,7 +137,7 @@ def _kernel(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold, 
         return jnp.take_along_axis(boxes.reshape(b, n * c, 4), f[..., None], axis=1)
 
     kept = detect(lambda f: decode_boxes(raw(f), center=center, reorder="tensorrt", dtype=dtype),
-                  priority_keys(flat), passing,
+                  flat, priority_keys, passing,
                   (lambda f: f * 0) if class_agnostic else (lambda f: f % c),
                   capacity=pre_nms_top_k, slots=k, iou_threshold=iou_threshold, inclusive=True,
                   group_bound=1 if class_agnostic else c, total=k)

@@ -18,8 +18,8 @@ tier that runs.
 >>> from jaxops.ops.nms.iou import decode_boxes
 >>> boxes = decode_boxes(jnp.array([[[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]]]))
 >>> scores = jnp.array([[0.9, 0.8, 0.7]])
->>> d = detect(lambda f: boxes.map(lambda x: jnp.take_along_axis(x, f, 1)),
-...            priority_keys(scores), scores > 0, lambda f: f * 0, capacity=3, slots=3,
+>>> d = detect(lambda f: boxes.map(lambda x: jnp.take_along_axis(x, f, 1)), scores,
+...            priority_keys, scores > 0, lambda f: f * 0, capacity=3, slots=3,
 ...            iou_threshold=0.5)
 >>> d.element.tolist(), d.found.tolist()     # by priority: boxes 0 and 2 kept
 ([[0, 2, 0]], [2])
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,8 @@ class _Walked(NamedTuple):
                        jnp.concatenate([self.by_group, extra], axis=1))
 
     def gather(self, slots: int, by_group: bool, cands: Candidates) -> Kept:
-        """The kept elements in their first ``slots`` places (at most ``slots`` are kept)."""
+        """The kept elements in their first ``min(slots, K)`` places (at most ``slots`` are
+        kept)."""
         kept, flat = self.kept, self.flat
         if by_group:
             kept, flat = (jnp.take_along_axis(x, self.by_group, axis=1) for x in (kept, flat))
@@ -90,18 +91,19 @@ class _Walked(NamedTuple):
         pos, found = jax.vmap(lambda k: compact_indices(k, width, fill_value=0))(kept)
         element = jnp.where(jnp.arange(width) < found[:, None],
                             jnp.take_along_axis(flat, pos, axis=1), 0)
-        return Kept(pad_to(element, slots, axis=1), found, cands.count, cands.cut)
+        return Kept(element, found, cands.count, cands.cut)
 
 
 #: The first pass walks the best FIRST_PASS x (the result's size) candidates (see detect).
 FIRST_PASS = 4
 
 
-def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax.Array,
+def detect(boxes_of: Callable[[jax.Array], Boxes], scores: jax.Array,
+           key: Callable[[jax.Array], jax.Array], passing: jax.Array,
            groups_of: Callable[[jax.Array], jax.Array], *, capacity: int, slots: int,
            iou_threshold, by_group: bool = False, inclusive: bool = False,
            group_bound: int | None = None, per_group: int | None = None,
-           total: int | None = None) -> Kept:
+           total: int | None = None, finish: Callable[[Kept], Any] | None = None) -> Any:
     """Greedy NMS per image over its scored elements, at the ladder's tier that holds the
     candidates (see the module docstring).
 
@@ -115,8 +117,10 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax
 
     Args:
       boxes_of: element indices ``[P, K]`` -> their decoded boxes (fields ``[P, K]``).
-      keys: ``[P, M]`` priority keys (:func:`priority_keys`), larger first, ties to the
-        lower element.
+      scores: ``[P, M]`` scores of the elements.
+      key: the priority keys of scores, elementwise (:func:`priority_keys`), larger
+        first, ties to the lower element; computed for the candidates only, or for every
+        element where the capacity cuts.
       passing: ``[P, M]`` bool, the elements that passed the score filter.
       groups_of: element indices -> int group (class) of each; a box suppresses boxes of
         its own group only.
@@ -128,30 +132,43 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], keys: jax.Array, passing: jax
       group_bound: a static ``G`` with ``0 <= group < G`` when known (a faster sort).
       per_group: the most kept per group (``None``: no limit).
       total: the most kept per image, the best by priority (``None``: no limit).
+      finish: what the caller makes of the :class:`Kept` inside the tier, where its
+        ``element`` has ``min(slots, t)`` columns (the same shapes at every tier); ``None``:
+        the Kept, ``element`` padded to ``slots`` columns.
     """
-    m = keys.shape[1]
+    p, m = passing.shape
     k = min(capacity, m)
     steps = tiers(k)
-    cands = select(keys, passing, k)
-    # The lower tiers hold every candidate: select's compaction when it compacts (k < M),
-    # else one compaction to the largest lower tier, shared by them (compiled once).
-    low = cands if k < m or len(steps) == 1 else compacted(passing, cands.count, steps[-2])
+    # Every tier takes the candidates compacted, but the top one when it holds every
+    # element (k = M: nothing to compact, and no [P, M] positions made before the switch).
+    cut = select(lambda: key(scores), passing, k) if k < m else None
+    low = cut if cut is not None or len(steps) == 1 else compacted(passing, steps[-2])
+    count = jnp.sum(passing, axis=1, dtype=jnp.int32) if low is None else low.count
+
+    def keys_of(f):
+        return key(jnp.take_along_axis(scores, f, axis=1))
 
     def at(t: int) -> Kept:
-        part = cands if t == k else \
-            Candidates(low.flat[:, :t], low.valid[:, :t], low.count, low.cut)
-        return _walk_candidates(part, boxes_of, keys, groups_of, iou_threshold, inclusive,
-                                group_bound, per_group, total).gather(slots, by_group, cands)
-    return climb(cands.count, steps, at)
+        if t < k:
+            part = Candidates(low.flat[:, :t], low.valid[:, :t], count, low.cut)
+        else:
+            part = cut if cut is not None else Candidates(
+                jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (p, m)), passing, count,
+                jnp.zeros_like(count))
+        kept = _walk_candidates(part, boxes_of, keys_of, groups_of, iou_threshold, inclusive,
+                                group_bound, per_group, total).gather(slots, by_group, part)
+        return kept._replace(element=pad_to(kept.element, slots, axis=1)) if finish is None \
+            else finish(kept)
+    return climb(count, steps, at)
 
 
-def _walk_candidates(cands: Candidates, boxes_of, keys, groups_of, iou_threshold, inclusive,
-                     group_bound, per_group, total) -> _Walked:
+def _walk_candidates(cands: Candidates, boxes_of, keys_of, groups_of, iou_threshold,
+                     inclusive, group_bound, per_group, total) -> _Walked:
     """NMS of the candidate slots ``cands`` (``[P, K]``), with the first pass (see
     :func:`detect`)."""
     p, k = cands.flat.shape
     groups = groups_of(cands.flat).astype(jnp.int32)
-    order = orders(jnp.take_along_axis(keys, cands.flat, axis=1), cands, groups, group_bound)
+    order = orders(keys_of(cands.flat), cands, groups, group_bound)
     invalid = jnp.iinfo(jnp.int32).max
 
     def walk(by_priority, by_group):
