@@ -108,12 +108,12 @@ def detect(boxes_of: Callable[[jax.Array], Boxes], scores: jax.Array,
     candidates (see the module docstring).
 
     When the result is limited (``total``, or ``per_group`` over ``group_bound`` groups) to
-    far fewer than the tier's candidates, a first pass walks only the best
-    ``FIRST_PASS`` times that many. Its result is the full walk's whenever it can prove it:
-    every candidate fitted, or it kept ``total`` already, or every group either reached
-    ``per_group`` or had all its candidates in the pass (a candidate's fate depends only on
-    the better candidates of its group). Else the full walk runs (``lax.cond``; under
-    ``vmap`` both run).
+    far fewer than the tier's slots (``FIRST_PASS**2`` times fewer), a first pass walks
+    only the best ``FIRST_PASS`` times that many. Its result is the full walk's whenever it
+    can prove it: every candidate fitted, or it kept ``total`` already, or every group
+    either reached ``per_group`` or had all its candidates in the pass (a candidate's fate
+    depends only on the better candidates of its group). Else the full walk runs
+    (``lax.cond``; under ``vmap`` both run).
 
     Args:
       boxes_of: element indices ``[P, K]`` -> their decoded boxes (fields ``[P, K]``).
@@ -185,8 +185,8 @@ def _walk_candidates(cands: Candidates, boxes_of, keys_of, groups_of, iou_thresh
     need = total if total is not None else \
         None if per_group is None or group_bound is None else per_group * group_bound
     first = None if need is None else -(-max(FIRST_PASS * need, 256) // 64) * 64
-    if first is None or first >= k:
-        return walk(order.by_priority, order.by_group)
+    if first is None or FIRST_PASS * first > k:  # a pass over most slots: little to save,
+        return walk(order.by_priority, order.by_group)  # and a second walk to compile
 
     best = order.by_priority[:, :first]
     best_valid = jnp.take_along_axis(cands.valid, best, axis=1)
