@@ -20,8 +20,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n auto
 
-bench: $(STAMP)
-	$(PY) -m jaxops bench
+bench: $(STAMP)  # from the checkout: the benchmarks are not part of the package
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,7 +5,7 @@ A benchmark module is any module of this folder (helpers excepted) that defines
 finds them, runs the chosen ones with a progress line, prints the table of ratios and writes
 ``bench.json`` (and, with matplotlib, ``bench.png``) into ``--out``: by default
 ``$XDG_CACHE_HOME/jaxops/bench`` (``~/.cache/jaxops/bench``), never the current directory.
-Run it from the source checkout (``jaxops bench`` does that for you).
+Run it from the source checkout (``make bench`` does).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ import tempfile
 import time
 
 from benchmarks.common import Result
-from jaxops.ops.hashtable.checkpoint_meta import write_meta
+from jaxops.hashtable.checkpoint._meta import write_meta
 
 __all__ = ["concurrent_saves", "corruption_fuzz", "counterpart", "damaged_copies", "run"]
 

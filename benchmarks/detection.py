@@ -19,8 +19,8 @@ Routes, each checked against its peer's detections before it is timed:
   the default backend (the native kernel on the CPU) against ONNX Runtime (target <= 0.8)
   and on ``backend="xla"`` (what a GPU or TPU runs, at the capacity ladder's tier that
   holds the candidates) against torchvision (target <= 3);
-- **README**: ``non_max_suppression(..., max_detections=300, pre_nms_top_k=K)`` — the
-  README's tuned route — on the default backend against ONNX Runtime's
+- **tuned**: ``non_max_suppression(..., max_detections=300, pre_nms_top_k=K)`` — the
+  recommended route of docs/detection.md — on the default backend against ONNX Runtime's
   ``NonMaxSuppression`` (the op alone, without the per-image cap, which ORT does not have;
   target <= 0.8) and on ``backend="xla"`` against torchvision (target <= 3);
 - torchvision is ``batched_nms`` per image after the score filter, then ``keep[:300]``,
@@ -111,7 +111,7 @@ def _as_sets(per_image) -> list[set]:
 
 
 def _route_check(want: np.ndarray) -> Check:
-    """ours (a route) gives ``want`` (ONNX Runtime's rows, capped per image for the README
+    """ours (a route) gives ``want`` (ONNX Runtime's rows, capped per image for the tuned
     route) and was not cut by a capacity."""
     def check(got, peer):
         if bool(got.overflowed()):
@@ -157,7 +157,7 @@ def workload(name: str, shape: tuple, iou: float, rng, repeats: int,
     dev = jax.device_put(boxes), jax.device_put(scores)
     efficient_ok = _efficient_check(want, boxes, scores)
     routes = {"plain": ({}, _route_check(rows)),
-              "README": (dict(max_detections=PER_IMAGE, pre_nms_top_k=top_k), _route_check(want))}
+              "tuned": (dict(max_detections=PER_IMAGE, pre_nms_top_k=top_k), _route_check(want))}
 
     def route(backend, options):
         fn = jax.jit(functools.partial(

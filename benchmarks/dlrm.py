@@ -75,7 +75,7 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
 
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, dense, ids, labels):
-        tables, looked = coll.lookup(state["tables"], features(ids))
+        tables, looked = coll.lookup_or_insert(state["tables"], features(ids))
 
         def loss(mlp, rows):
             pooled = coll.pool(looked, rows)
@@ -188,18 +188,23 @@ def _same_loss(ours, peer) -> None:
 
 
 def _filling(quick: bool, policy: str) -> Result:
-    """Step times before and after a table fills (maintain after every step)."""
+    """Step times before and after a table fills (maintain after every step); the first
+    step's loss is checked against the dense model's (the step the later ones build on)."""
     import jax
 
     slots, batch, steps = (1 << 15, 128, 30) if quick else (1 << 18, 1024, 60)
     batches = _batches(steps, batch, seed=1)
     coll, init, step = _model(slots, policy)
+    dense_init, dense_step = _dense_model(slots)
     state, times, lost, grown, first_fill = init(jax.random.key(0)), [], 0, [], None
     for i, (dense, ids, labels) in enumerate(batches):
         t0 = time.perf_counter()
         state, loss = step(state, dense, _words(ids), labels)
         jax.block_until_ready(loss)
         times.append(time.perf_counter() - t0)
+        if i == 0:  # checked before any timed step counts: the dense model's first loss
+            _same_loss(loss, dense_step(dense_init(jax.random.key(0)), dense, _words(ids),
+                                        labels)[1])
         state["tables"], done = coll.maintain(state["tables"])
         lost += done["ids"].lost
         if done["ids"].grown:

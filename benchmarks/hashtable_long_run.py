@@ -1,6 +1,6 @@
 """A long run: 10,000 evict_if calls with fresh thresholds compile a few times, RSS flat.
 
-The README's pattern ``ht.evict_if(t, ht.not_seen_for(1000))`` each step once compiled a
+The pattern ``ht.evict_if(t, ht.not_seen_for(1000))`` (docs/embeddings.md) each step once compiled a
 new program per call (about 0.15 s, 18 memory maps and 2 MB each) until the process hit
 ``vm.max_map_count`` after about 3,600 calls. Predicates are data now: their thresholds are
 traced. This runs the pattern ``JAXOPS_BENCH_LONG_CALLS`` times (default 10,000; 1,000 with

@@ -13,7 +13,7 @@ Each stage reports its
 wall time and its peak extra resident memory (VmHWM after the stage minus VmRSS before it;
 the peak is reset through ``/proc/self/clear_refs`` on Linux), beside the table's bytes:
 issue 28 allows save and load ``10 %`` of the table plus one checkpoint chunk
-(:data:`~jaxops.ops.hashtable.checkpoint_read.CHUNK_BYTES`; load: plus the new table
+(:data:`jaxops.hashtable.checkpoint.CHUNK_BYTES`; load: plus the new table
 itself), issue 14 export ``256 MiB + 10 %`` and random init the table alone. The checkpoint
 is deleted at the end.
 
@@ -38,8 +38,6 @@ import numpy as np
 
 import jaxops.hashtable as ht
 from benchmarks.common import Result
-from jaxops.ops.hashtable.checkpoint_read import CHUNK_BYTES
-from jaxops.ops.hashtable.table import slot_bytes
 
 __all__ = ["run"]
 
@@ -77,7 +75,8 @@ def _warm_up(dim: int, directory: str | None) -> None:
     """Every stage once on a small table (two checkpoint chunks: a restore's programs are
     those of the big table's chunks), so that the process-wide first-compile memory (the
     XLA backend's own) is not charged to the first stage measured."""
-    small = ht.init_table(2 * CHUNK_BYTES // slot_bytes(dim), dim, key=jax.random.key(1))
+    small = ht.init_table(2 * ht.checkpoint.CHUNK_BYTES // ht.slot_bytes(dim), dim,
+                          key=jax.random.key(1))
     small, _, _ = ht.lookup_or_insert(small, np.arange(8, dtype=np.int64))
     path = tempfile.mkdtemp(dir=directory)
     try:
@@ -134,7 +133,7 @@ def _measure(scale: float = 1.0, dim: int = 64, load: float = 0.5, batch: int = 
     return {"slots": size, "dim": dim, "table_bytes": table_bytes, "file_bytes": file_bytes,
             "live": live, "loaded_live": int(table.live), "exported": int(exported),
             "unplaced": unplaced, "allowed_extra": allowed,
-            "checkpoint_extra": table_bytes // 10 + CHUNK_BYTES, "stages": rows}
+            "checkpoint_extra": table_bytes // 10 + ht.checkpoint.CHUNK_BYTES, "stages": rows}
 
 
 def run(quick: bool) -> list[Result]:

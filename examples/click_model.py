@@ -21,7 +21,7 @@ Each training step is compiled once (ahead of time and called as compiled: a rec
 cannot happen unnoticed) and donates its state: XLA then updates table and optimizer state
 in place, where without donation it copies every table-sized buffer on each step. Reported:
 eval logloss and AUC (rank-based, numpy), steps/s, compile time, bytes of tables +
-optimizer state, and the loss curves (with matplotlib, the ``plot`` extra). The README
+optimizer state, and the loss curves (with matplotlib, the ``plot`` extra). docs/embeddings.md
 quotes a full run.
 
     python examples/click_model.py [--quick] [--plot PATH]
@@ -152,7 +152,7 @@ def auc(labels: Any, scores: Any) -> float:
     return float((ranks[y].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
-# ---- the two embedding stores (same interface: init, lookup, pool, apply_gradients) -------
+# ---- the two embedding stores (one interface: init, lookup_or_insert, lookup, pool, ...) ---
 
 def hash_embeddings(sizes: Sizes, learning_rate: float, initial_accumulator: float
                     ) -> EmbeddingCollection:
@@ -176,8 +176,10 @@ class HashedDenseEmbeddings:
         values = jax.random.uniform(key, (self.rows, self.dim), jnp.float32, -0.05, 0.05)
         return values, jax.tree.map(jnp.array, self.tx.init(values))  # own buffers: donatable
 
-    def lookup(self, state: Any, features: dict[str, Bags], insert: bool = True
-               ) -> tuple[Any, Lookup]:
+    def lookup_or_insert(self, state: Any, features: dict[str, Bags]) -> tuple[Any, Lookup]:
+        return state, self.lookup(state, features)  # every id has a row: nothing to insert
+
+    def lookup(self, state: Any, features: dict[str, Bags]) -> Lookup:
         values, _ = state
         rows, slots = {}, {}
         for f, bags in features.items():
@@ -185,7 +187,7 @@ class HashedDenseEmbeddings:
             slot = ht.cann.home_slot(keys.lo, keys.hi, self.rows)
             slots[f] = jnp.where(bags.valid, slot, -1)
             rows[f] = values[jnp.maximum(slots[f], 0)]
-        return state, Lookup(rows, slots, dict(features), {})
+        return Lookup(rows, slots, dict(features), {})
 
     def pool(self, looked: Lookup, rows: dict[str, jax.Array] | None = None
              ) -> dict[str, jax.Array]:
@@ -239,11 +241,11 @@ class Model:
         return self.store.init(k1), params, self.tx.init(params)
 
     def step(self, state: tuple, batch: dict[str, Any]) -> tuple[tuple, dict[str, jax.Array]]:
-        """lookup (inserting new ids) → pool → head → grads w.r.t. the looked-up rows and
+        """lookup_or_insert → pool → head → grads w.r.t. the looked-up rows and
         the head → row optimizer by slot, optax for the head."""
         self.traces += 1  # runs only when JAX traces: counts compilations
         emb, params, opt = state
-        emb, looked = self.store.lookup(emb, bags_of(batch))
+        emb, looked = self.store.lookup_or_insert(emb, bags_of(batch))
 
         def loss_fn(params, rows):
             return _bce(head(params, self.store.pool(looked, rows)), batch["click"])
@@ -256,7 +258,7 @@ class Model:
 
     def predict(self, state: tuple, batch: dict[str, Any]) -> jax.Array:
         """Logits, reading the tables only (ids never seen: zero rows in the hash model)."""
-        _, looked = self.store.lookup(state[0], bags_of(batch), insert=False)
+        looked = self.store.lookup(state[0], bags_of(batch))
         return head(state[1], self.store.pool(looked))
 
 

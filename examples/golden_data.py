@@ -1,11 +1,14 @@
 """Produce and re-check golden reference cases for an Ascend kernel developer.
 
 For NonZero and for EmbeddingHashTableExport this writes a golden case (``.npz`` + JSON
-sidecar: inputs, outputs in wire layout, the OP_OUTSHAPE tensor as a CANN kernel writes it,
-attrs, impl mode; for the export also the table before/after in CANN bucket bytes), reads it
-back, prints what a kernel must reproduce, and re-checks it against a fresh computation.
+sidecar: inputs, outputs at their actual shapes in the dtypes of the kernel contract the
+case follows, the OP_OUTSHAPE tensor as a CANN kernel writes it, attrs, impl mode; for the
+export also the table before/after in CANN bucket bytes), reads it back, prints what a
+kernel must reproduce, checks it against an independent reference and compares a
+would-be NPU output with it. ``docs/golden.md`` is the guide.
 
-The same cases come from the command line: ``jaxops golden NonZero --seed 3``.
+The same cases come from the command line: ``jaxops golden NonZero --seed 3``,
+``jaxops golden check FILE``, ``jaxops golden compare GOLDEN ACTUAL``.
 
     python examples/golden_data.py [out_dir]
 """
@@ -22,7 +25,8 @@ from tracing import outshape
 
 def show(path: str) -> None:
     case = golden.load_case(path)
-    print(f"{case['op']} (seed {case['seed']}, impl mode {case['impl_mode']['name']}): {path}")
+    print(f"{case['op']} (seed {case['seed']}, contract {case['contract']['name']}, impl mode "
+          f"{case['impl_mode']['name']}): {path}")
     for d in case["inputs"]:
         print(f"  input  {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} {d['shape']}")
     for d in case["outputs"]:
@@ -47,12 +51,14 @@ def main(out_dir: str | None = None) -> dict:
     # against the kernel that wrote it; the table operators have no such reference yet
     print(f"  check against the independent reference: {'OK' if golden.check_case(paths[0]) else 'FAILED'}")
     nz = golden.load_case(paths[0])["arrays"]
-    expected = np.stack(np.nonzero(nz["input_x"]))            # numpy's answer, ONNX layout
-    n = expected.shape[1]
-    got = nz["output_y"].reshape(-1)[:expected.size].reshape(expected.shape)  # wire prefix
-    matches = bool(np.array_equal(got, expected))
-    print(f"NonZero wire prefix equals numpy's nonzero ({n} indices): {matches}")
-    return {"paths": paths, "nonzero_matches_numpy": matches}
+    expected = np.stack(np.nonzero(nz["input_x"]))            # numpy's answer, [D, N]
+    matches = bool(np.array_equal(nz["output_y"], expected))  # stored at the actual shape
+    print(f"NonZero output equals numpy's nonzero ({expected.shape[1]} indices): {matches}")
+    npu = os.path.join(out_dir, "npu.npz")                    # what an NPU run might dump
+    np.savez(npu, y=golden.max_shape_buffer(golden.load_case(paths[0]), "y"))
+    report = golden.compare_case(paths[0], npu)
+    print(report.text())
+    return {"paths": paths, "nonzero_matches_numpy": matches, "compare_passed": report.passed}
 
 
 if __name__ == "__main__":

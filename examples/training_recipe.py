@@ -63,7 +63,7 @@ def build(slots: int, policy: str, mesh: jax.sharding.Mesh | None):
         # 64-bit ids enter as word pairs (ht.words.as_words on the host): exact with x64 off.
         features = {"user": Bags.from_dense(jax.tree.map(lambda x: x[:, None], user)),
                     "item": Bags.from_dense(jax.tree.map(lambda x: x[:, None], item))}
-        tables, looked = coll.lookup(state["tables"], features)
+        tables, looked = coll.lookup_or_insert(state["tables"], features)
 
         def loss(head, rows):
             pooled = coll.pool(looked, rows)

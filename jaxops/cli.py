@@ -1,15 +1,21 @@
-"""The ``jaxops`` command line: the demo, the operator list, golden data and benchmarks.
+"""The ``jaxops`` command line: the demo, the operator list and golden data.
 
     jaxops demo                 the main job (detection pipeline + hash-embedding training)
     jaxops ops [NAME] [--json]  registered operators: ports, dtypes, fill values, attrs,
                                 modes, backends
     jaxops golden OP [...]      a reference case for validating an Ascend kernel
                                 (jaxops golden OP --help lists OP's attributes)
-    jaxops bench [...]          benchmarks side by side with their peers (python -m
-                                benchmarks in the source checkout; --help lists them)
+    jaxops golden check FILE    check a case against its independent numpy reference
+    jaxops golden compare GOLDEN ACTUAL
+                                compare an NPU's outputs with a case (exit 1 on a failure)
+
+The benchmarks are not part of the package: in a source checkout, ``python -m benchmarks``
+(``make bench``) runs them.
 
 Every jaxops error (unknown operator, bad attribute value, bad --seed, an --out that
-cannot be written) prints one line ``jaxops: error: ...`` and exits with status 2.
+cannot be written) prints one line ``jaxops: error: ...`` and exits with status 2. Only
+what a command needs is imported (``jaxops golden`` loads neither the hash tables nor the
+Ascend backend).
 
 >>> main(["ops", "NoSuchOp"])
 2
@@ -64,17 +70,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _golden_help(op: str) -> str:
     from jaxops.core.registry import REQUIRED, get_op
-    from jaxops.golden import get_spec
+    from jaxops.golden import contracts, get_spec
 
     spec, opdef = get_spec(op), get_op(op)
-    lines = [f"usage: jaxops golden {op} [--seed N] [--out PATH] "
-             + ("[--shape D,D,...] [--dtype NAME] " if spec.shape is not None else "")
-             + "[--ATTR VALUE ...]", "", spec.doc, ""]
-    if spec.shape is not None:
+    fixed = spec.shape is None
+    lines = [f"usage: jaxops golden {op} [--seed N] [--out PATH] [--force] [--bin] "
+             + ("" if fixed else "[--shape D,D,...] [--dtype NAME] [--input FILE] ")
+             + "".join(f"[--{t} ...] " for t in spec.takes)
+             + ("[--contract NAME] " if contracts.choices(op) else "")
+             + "[--impl_mode MODE] [--ATTR VALUE ...]", "", spec.doc, ""]
+    if not fixed:
         lines.append(f"inputs: --shape is {spec.shape_doc} (default "
-                     f"{','.join(map(str, spec.shape))}); --dtype its dtype (default {spec.dtype})")
+                     f"{','.join(map(str, spec.shape))}); --dtype its dtype (default {spec.dtype}); "
+                     "--input FILE: your own (.npz by input name, .bin, or a --bin .json)")
     else:
-        lines.append("inputs: fixed (no --shape/--dtype)")
+        lines.append("inputs: fixed (no --shape/--dtype/--input)")
+    if contracts.choices(op):
+        lines.append("contract (--contract): " + ", ".join(contracts.choices(op))
+                     + " (the first is the default; docs/golden.md says what each follows)")
+    lines.append("impl modes (--impl_mode): " + ", ".join(opdef.summary()["impl_modes"]))
     lines.append("attributes (--name value; lists comma-separated, bools true/false):")
     for a in opdef.attrs:
         default = spec.default_attrs.get(a.name, a.default)
@@ -104,17 +118,50 @@ def _parse_attr_args(op: str, argv: list[str]) -> dict:
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``--shape``: comma-separated non-negative ints (``4,5,6``); ``3x4``, ``2,,3`` and an
+    empty text are refused."""
     if text is None:
         return None
-    try:
-        return tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
+    parts = text.split(",")
+    if not text.strip() or not all(p.strip().isdigit() for p in parts):
         raise OpArgumentError("golden", "shape", "comma-separated non-negative ints such as "
-                              "4,5,6", repr(text)) from None
+                              "4,5,6", repr(text))
+    return tuple(int(p) for p in parts)
+
+
+def _golden_tool(command: str, argv: list[str]) -> int:
+    """``jaxops golden check FILE...`` and ``jaxops golden compare GOLDEN ACTUAL``."""
+    from jaxops import golden
+
+    tool = argparse.ArgumentParser(prog=f"jaxops golden {command}")
+    if command == "check":
+        tool.add_argument("files", nargs="+", help="golden .npz files")
+        args = tool.parse_args(argv)
+        for path in args.files:
+            try:
+                golden.check_case(path)
+            except AssertionError as e:
+                print(f"{path}: FAIL: {_one_line(str(e))}")
+                return 1
+            print(f"{path}: ok (equals the independent reference of its contract)")
+        return 0
+    tool.add_argument("golden", help="the golden case (.npz)")
+    tool.add_argument("actual", help="the NPU's outputs: a .npz by output name, or a folder "
+                      "of <output>.bin files")
+    tool.add_argument("--json", action="store_true", help="the report as JSON")
+    tool.add_argument("--listed", type=int, default=10, help="differing elements listed per output")
+    args = tool.parse_args(argv)
+    report = golden.compare_case(args.golden, args.actual, listed=args.listed)
+    from jaxops.golden.compare import report_json
+    print(report_json(report) if args.json else report.text())
+    return 0 if report.passed else 1
 
 
 def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    if args.op in ("check", "compare"):
+        return _golden_tool(args.op, extra + (["--help"] if args.help else []))
     from jaxops import golden
+    from jaxops.golden.generators import Generation
 
     if args.help:
         print(_golden_help(args.op) if args.op else parser.format_help())
@@ -125,21 +172,26 @@ def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.Arg
         return 0
     if not args.op:
         raise UsageError("golden: name an operator (jaxops golden --list shows them)")
+    special = tuple(k for k in (args.special or "").split(",") if k)
+    if args.special is not None and not special:
+        raise OpArgumentError("golden", "special", "a comma-separated list of kinds", repr(args.special))
+    generation = Generation(args.density, special)
+    shape = _parse_shape(args.shape)
+    from jaxops.golden import files  # an existing case is refused before JAX even loads
+    files.refuse_existing(files.target(args.op, args.seed, args.out), args.bin, args.force)
+    golden.get_spec(args.op)  # loads its operators (not the whole library): unknown → hint
     attrs = _parse_attr_args(args.op, extra)
     path = golden.write_case(args.op, seed=args.seed, out=args.out, attrs=attrs,
-                             shape=_parse_shape(args.shape), dtype=args.dtype)
-    print(f"wrote {path} (+ {path.rsplit('.', 1)[0]}.json)")
+                             shape=shape, dtype=args.dtype, force=args.force,
+                             bin=args.bin, input_path=args.input, contract=args.contract,
+                             impl_mode=args.impl_mode, generation=generation)
+    stem = path.rsplit(".", 1)[0]
+    print(f"wrote {path} (+ {stem}.json" + (f", {stem}/*.bin" if args.bin else "") + ")")
     return 0
 
 
-def _cmd_bench(extra: list[str]) -> int:
-    from jaxops import bench
-
-    return bench.main(extra)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jaxops`` argument parser (golden's op attrs and bench's options pass through).
+    """The ``jaxops`` argument parser (golden's op attrs pass through).
 
     >>> build_parser().parse_args(["ops", "Unique", "--json"]).name
     'Unique'
@@ -164,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "OP_OUTSHAPE tensor, attrs and impl mode. Op attrs are given as "
                        "--name value (e.g. --size 16 --transpose true); "
                        "jaxops golden OP --help lists OP's.")
-    p.add_argument("op", nargs="?", help="operator name (see --list)")
+    p.add_argument("op", nargs="?", help="operator name (see --list), or check / compare")
     p.add_argument("-h", "--help", action="store_true",
                    help="show this help, or with OP that operator's attributes and inputs")
     p.add_argument("--list", action="store_true", help="list the operators golden data exists for")
@@ -173,13 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output .npz path, or an existing directory to write "
                    "golden_<OP>_seed<N>.npz into (default: that name here); a missing "
                    "directory is refused, as ht.save does")
+    p.add_argument("--force", action="store_true", help="overwrite an existing case")
+    p.add_argument("--bin", action="store_true", help="also write raw little-endian .bin files "
+                   "(inputs, outputs, max-shape buffers, OP_OUTSHAPE) into PATH/, named in the .json")
     p.add_argument("--shape", help="input shape, e.g. 4,5,6 (OP --help says which input)")
     p.add_argument("--dtype", help="input dtype, e.g. float16, int8, bool, bfloat16")
+    p.add_argument("--input", help="your inputs: a .npz by input name, a .bin (with --shape, "
+                   "--dtype) or a .json written with --bin")
+    p.add_argument("--density", type=float, help="fraction of non-zero (NonZero, Unique) or "
+                   "set (MaskedSelect's mask) elements, 0 to 1")
+    p.add_argument("--special", help="special values written over some elements: "
+                   "nan,inf,zero,subnormal,extreme or all")
+    p.add_argument("--contract", help="the kernel contract where there are several "
+                   "(NonMaxSuppression: aclnn, the default, or onnx)")
+    p.add_argument("--impl_mode", help="impl mode to run, e.g. high_precision, high_performance")
     p.set_defaults(subparser=p)  # golden prints its own help (with OP: the op's attributes)
-
-    sub.add_parser("bench", add_help=False,
-                   help="benchmarks side by side with their peers (ratios); "
-                        "jaxops bench --help lists the modules")
     return parser
 
 
@@ -195,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "golden":
             return _cmd_golden(args, extra, args.subparser)
-        if args.command == "bench":
-            return _cmd_bench(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return {"demo": _cmd_demo, "ops": _cmd_ops}[args.command](args)

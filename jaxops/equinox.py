@@ -3,9 +3,9 @@
 :class:`Embedding` is an immutable ``eqx.Module`` holding an
 :class:`~jaxops.embedding.EmbeddingCollection` (static) and its state (tables and row
 optimizer states). Calling it returns pooled embeddings (read-only: unseen ids give zeros);
-:meth:`Embedding.lookup` and :meth:`Embedding.apply_gradients` return a new module. Keep it
-beside the dense model rather than inside it, so ``eqx.filter_grad`` never differentiates
-the tables (the row gradients come from the looked-up rows, O(batch)):
+:meth:`Embedding.lookup_or_insert` and :meth:`Embedding.apply_gradients` return a new
+module. Keep it beside the dense model rather than inside it, so ``eqx.filter_grad`` never
+differentiates the tables (the row gradients come from the looked-up rows, O(batch)):
 
 >>> import numpy as np, jax, jax.numpy as jnp, optax, equinox as eqx
 >>> import jaxops.hashtable as ht, jaxops.equinox
@@ -17,7 +17,7 @@ the tables (the row gradients come from the looked-up rows, O(batch)):
 >>> opt_state = tx.init(eqx.filter(head, eqx.is_array))
 >>> @eqx.filter_jit(donate="all")
 ... def train_step(head, embed, opt_state, features, labels):
-...     embed, looked = embed.lookup(features)
+...     embed, looked = embed.lookup_or_insert(features)
 ...     def loss_fn(params):
 ...         head, rows = params
 ...         logits = jax.vmap(head)(embed.pool(looked, rows)["user"])[:, 0]
@@ -67,13 +67,13 @@ class Embedding(eqx.Module):
 
     def __call__(self, features: Mapping[str, Bags]) -> dict[str, jax.Array]:
         """feature → pooled ``[num_bags, dim]``, reading only (unseen ids are zero rows)."""
-        _, looked = self.collection.lookup(self.state, features, insert=False)
+        looked = self.collection.lookup(self.state, features)
         return self.collection.pool(looked)
 
-    def lookup(self, features: Mapping[str, Bags]) -> tuple["Embedding", Lookup]:
+    def lookup_or_insert(self, features: Mapping[str, Bags]) -> tuple["Embedding", Lookup]:
         """``(module with the ids inserted, lookup)`` for :meth:`pool` and
         :meth:`apply_gradients`."""
-        state, looked = self.collection.lookup(self.state, features)
+        state, looked = self.collection.lookup_or_insert(self.state, features)
         return eqx.tree_at(lambda m: m.state, self, state), looked
 
     def pool(self, looked: Lookup, rows: Mapping[str, jax.Array] | None = None

@@ -4,8 +4,8 @@
 optimizer states in an :class:`EmbeddingTables` variable (not an ``nnx.Param``, so
 ``nnx.Optimizer`` and ``nnx.grad`` leave it alone and no table-sized gradient is formed).
 Calling it returns pooled embeddings (a read-only lookup: unseen ids give zeros). A
-training step inserts ids with :meth:`Embedding.lookup`, differentiates the loss w.r.t. the
-looked-up rows alongside the dense parameters, and hands the row gradients to
+training step inserts ids with :meth:`Embedding.lookup_or_insert`, differentiates the loss w.r.t.
+the looked-up rows alongside the dense parameters, and hands the row gradients to
 :meth:`Embedding.apply_gradients` (the row optimizer, by slot):
 
 >>> import numpy as np, jax, jax.numpy as jnp, optax
@@ -24,7 +24,7 @@ looked-up rows alongside the dense parameters, and hands the row gradients to
 >>> optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 >>> @nnx.jit(donate_argnums=(0, 1))
 ... def train_step(model, optimizer, features, labels):
-...     looked = model.embed.lookup(features)
+...     looked = model.embed.lookup_or_insert(features)
 ...     def loss_fn(model, rows):
 ...         logits = model(features, rows, looked)
 ...         return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
@@ -76,13 +76,13 @@ class Embedding(nnx.Module):
 
     def __call__(self, features: Mapping[str, Bags]) -> dict[str, jax.Array]:
         """feature → pooled ``[num_bags, dim]``, reading only (unseen ids are zero rows)."""
-        _, looked = self.collection.lookup(self.state, features, insert=False)
+        looked = self.collection.lookup(self.state, features)
         return self.collection.pool(looked)
 
-    def lookup(self, features: Mapping[str, Bags]) -> Lookup:
+    def lookup_or_insert(self, features: Mapping[str, Bags]) -> Lookup:
         """Inserts the ids (training) and returns what :meth:`pool` and
         :meth:`apply_gradients` need."""
-        state, looked = self.collection.lookup(self.state, features)
+        state, looked = self.collection.lookup_or_insert(self.state, features)
         self.tables.set_value(state)
         return looked
 

@@ -252,9 +252,12 @@ def routing_overflow_is_reported():
     assert int(new.unrouted) == int((~served).sum()) and int(t.unrouted) == 0
     try:  # a read inside jit has no table to count unserved keys in: it must ask for them
         jax.jit(lambda t: ht.find(t, keys, route_capacity=cap))(t)
-        raise AssertionError("find inside jit with route_capacity and no with_route ran")
+        raise AssertionError("find inside jit with route_capacity, not with_route(find), ran")
     except OpArgumentError as e:
-        assert e.arg == "with_route", e
+        assert e.arg == "route_capacity" and "with_route(ht.find)" in str(e), e
+    (_, found), route = jax.jit(lambda t: ht.with_route(ht.find)(t, keys, route_capacity=cap))(t)
+    assert_equal(route.served, served, "served (a read)")
+    assert_equal(found, np.zeros(len(keys), bool), "nothing found in an empty table")
     try:
         ht.lookup_or_insert(t, keys, route_capacity=cap, overflow="error", **COUNTER)
         raise AssertionError("no CapacityOverflowError")
@@ -550,7 +553,7 @@ def a_collection_on_a_mesh_trains_as_on_one_device():
     def train_step(coll):
         @jax.jit
         def step(state, batch):
-            state, looked = coll.lookup(state, batch)
+            state, looked = coll.lookup_or_insert(state, batch)
 
             def loss(rows):
                 return sum(jnp.sum(p * jnp.arange(1.0, DIM + 1)) ** 2
@@ -578,7 +581,7 @@ def a_collection_on_a_mesh_trains_as_on_one_device():
     for name in ("ids", "tags"):
         one, sharded = (states[p][name].table for p in colls)
         same(entries(one, live_only=True), entries(sharded, live_only=True), f"table {name}")
-    evals = [jax.jit(lambda s, c=c: c.pool(c.lookup(s, b, insert=False)[1]))(states[p])
+    evals = [jax.jit(lambda s, c=c: c.pool(c.lookup(s, b)))(states[p])
              for p, c in colls.items()]
     for name in evals[0]:  # the same rows; XLA may sum a bag in another order (an ulp)
         np.testing.assert_allclose(evals[0][name], evals[1][name], rtol=2e-7, atol=0,

@@ -20,7 +20,8 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError
-from jaxops.ops.hashtable import checkpoint_guard, checkpoint_handler
+from jaxops.hashtable.checkpoint import _guard as checkpoint_guard
+from jaxops.hashtable.checkpoint import _handler as checkpoint_handler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,9 +48,14 @@ def test_force_replaces_only_a_checkpoint(tmp_path):
             ht.save(_table(1), target, force=True)
     assert (user / "notes.txt").read_text() == "mine" and (tmp_path / "a-file").exists()
     (user / "notes.txt").unlink()
-    (user / "jaxops.json").write_text("{}")  # looks like one, holds nothing else: replaced
-    ht.save(_table(2), user, force=True)
-    assert int(ht.load(user).live) == 2
+    (user / "jaxops.json").write_text("{}")  # looks like one, but jaxops did not sign it
+    with pytest.raises(CheckpointError, match="not a jaxops checkpoint"):
+        ht.save(_table(2), user, force=True)
+    (user / "jaxops.json").unlink()
+    ht.save(_table(2), user, force=True)  # empty: now a checkpoint, whatever else it holds
+    (user / "any-file-a-new-orbax-writes").write_text("")
+    ht.save(_table(4), user, force=True)  # replaced whole
+    assert int(ht.load(user).live) == 4 and "any-file-a-new-orbax-writes" not in os.listdir(user)
     empty = tmp_path / "empty"  # as tempfile.mkdtemp() makes: nothing to lose
     empty.mkdir()
     with pytest.raises(CheckpointError, match="exists: pass force=True"):
@@ -189,7 +195,7 @@ def test_a_forced_save_killed_midway_leaves_a_whole_checkpoint(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from jaxops.ops.hashtable.checkpoint_meta import read_meta
+    from jaxops.hashtable.checkpoint._meta import read_meta
 
     def big():
         return {"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),

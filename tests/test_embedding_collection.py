@@ -54,7 +54,7 @@ def _valid_ids(bags):
 def test_shared_table_keys_are_salted_per_feature(share_ids):
     rng = np.random.default_rng(0)
     coll, batch = _collection(share_ids), _batch(rng)
-    state, looked = coll.lookup(coll.init(jax.random.key(0)), batch)
+    state, looked = coll.lookup_or_insert(coll.init(jax.random.key(0)), batch)
     user, item = (_valid_ids(batch[f]) for f in ("user", "item"))
     keys = np.concatenate([_salted("user", user, not share_ids),
                            _salted("item", item, not share_ids)])
@@ -103,7 +103,7 @@ def _dense_reference(coll, state, batch, share_ids):
 
 def _train_step(coll):
     def step(state, batch):
-        state, looked = coll.lookup(state, batch)
+        state, looked = coll.lookup_or_insert(state, batch)
 
         def loss(rows):
             pooled = coll.pool(looked, rows)
@@ -120,7 +120,7 @@ def test_training_step_equals_a_dense_model(share_ids):
     rng = np.random.default_rng(1)
     coll, batch = _collection(share_ids), _batch(rng)
     state = coll.init(jax.random.key(1))
-    state, _ = coll.lookup(state, batch)  # insert first, to read the rows by key
+    state, _ = coll.lookup_or_insert(state, batch)  # insert first, to read the rows by key
     vocab, emb, want_loss, want_grad = _dense_reference(coll, state, batch, share_ids)
     new_state, loss = _train_step(coll)(state, batch)  # eager: jit is the next test's
     assert np.isclose(float(loss), want_loss, rtol=1e-5)
@@ -150,10 +150,10 @@ def test_read_only_lookup_gives_zeros_for_absent_ids():
     coll = _collection()
     state = coll.init(jax.random.key(3))
     known = {"user": Bags.from_lengths(np.array([1, 2, 2]), np.array([3]))}
-    state, _ = coll.lookup(state, known)
+    state, _ = coll.lookup_or_insert(state, known)
     probe = {"user": Bags.from_lengths(np.array([1, 77, 0]), np.array([2]))}
-    same, looked = coll.lookup(state, probe, insert=False)
-    assert int(same["shared"].table.live) == 2 and looked.info["shared"] is None
+    looked = coll.lookup(state, probe)  # reads only: the table keeps its two keys
+    assert int(state["shared"].table.live) == 2 and looked.info["shared"] is None
     slots = np.asarray(looked.slots["user"])
     assert slots[0] >= 0 and slots[1] == -1 and slots[2] == -1
     chex.assert_trees_all_equal(np.asarray(looked.rows["user"])[1:], np.zeros((2, DIM), np.float32))
@@ -165,7 +165,7 @@ def test_int64_ids_with_x64_on():
     with jax.enable_x64(True):
         coll = _collection()
         ids = jnp.array([2**50, 2**50, -7], jnp.int64)
-        state, looked = coll.lookup(coll.init(jax.random.key(4)),
+        state, looked = coll.lookup_or_insert(coll.init(jax.random.key(4)),
                                     {"item": Bags.from_lengths(ids, jnp.array([3]))})
         assert int(state["shared"].table.live) == 2
         assert looked.slots["item"][0] == looked.slots["item"][1]
@@ -186,8 +186,8 @@ def test_bad_configurations_and_features_are_named():
     coll = EmbeddingCollection([TableConfig("a", 8, 2, ("x",), opt)])
     state = coll.init(jax.random.key(0))
     with pytest.raises(OpArgumentError) as e:
-        coll.lookup(state, {"y": Bags.from_lengths(np.arange(2), np.array([2]))})
+        coll.lookup_or_insert(state, {"y": Bags.from_lengths(np.arange(2), np.array([2]))})
     assert e.value.arg == "features" and "'x'" in e.value.expected
     with pytest.raises(OpArgumentError) as e:
-        coll.lookup(state, {"x": np.arange(2)})
+        coll.lookup_or_insert(state, {"x": np.arange(2)})
     assert e.value.arg == "features['x']"

@@ -75,7 +75,7 @@ def test_nnx_training_loop_traces_once():
     @nnx.jit(donate_argnums=(0, 1))
     def step(model, optimizer, features, labels):
         traces.append(1)
-        looked = model.embed.lookup(features)
+        looked = model.embed.lookup_or_insert(features)
 
         def loss_fn(model, rows):
             return optax.sigmoid_binary_cross_entropy(model(looked, rows), labels).mean()
@@ -109,7 +109,7 @@ def test_equinox_training_loop_traces_once():
     @eqx.filter_jit(donate="all")
     def step(head, embed, opt_state, features, labels):
         traces.append(1)
-        embed, looked = embed.lookup(features)
+        embed, looked = embed.lookup_or_insert(features)
 
         def loss_fn(params):
             head, rows = params

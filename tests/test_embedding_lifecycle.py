@@ -34,7 +34,7 @@ def _batches(seed: int = 0) -> list[dict]:
 def _step(coll: EmbeddingCollection):
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, batch):
-        state, looked = coll.lookup(state, batch)
+        state, looked = coll.lookup_or_insert(state, batch)
 
         def loss(rows):
             return jnp.sum(coll.pool(looked, rows)["user"] ** 2)
@@ -158,7 +158,7 @@ def test_the_nnx_layer_maintains_between_jitted_steps():
 
     @nnx.jit(donate_argnums=0)
     def step(embed, batch):
-        looked = embed.lookup(batch)
+        looked = embed.lookup_or_insert(batch)
         grads = jax.grad(lambda rows: jnp.sum(embed.pool(looked, rows)["user"] ** 2))(
             looked.rows)
         embed.apply_gradients(looked, grads)
@@ -178,12 +178,12 @@ def test_bags_of_ids_jax_may_have_narrowed_are_refused():
 
     def live(state, ids):
         column = jax.tree.map(lambda x: x[:, None], ids)  # an array, or Words64 of arrays
-        return coll.lookup(state, {"a": Bags.from_dense(column)})[0]["t"].table.live
+        return coll.lookup_or_insert(state, {"a": Bags.from_dense(column)})[0]["t"].table.live
 
     with pytest.raises(OpArgumentError, match=r"features\['a'\].*narrowed.*as_words"):
         jax.jit(live)(state, ids)
     assert int(jax.jit(live)(state, ht.words.as_words(ids))) == 2  # word pairs: both ids
     small = EmbeddingCollection([TableConfig("t", 64, 2, ("a",), ht.optim.sgd(0.1), 0.5,
                                              key_dtype=np.int32)])
-    assert int(jax.jit(lambda s, x: small.lookup(s, {"a": Bags.from_dense(x[:, None])})[0][
+    assert int(jax.jit(lambda s, x: small.lookup_or_insert(s, {"a": Bags.from_dense(x[:, None])})[0][
         "t"].table.live)(small.init(jax.random.key(0)), jnp.array([7, -7], jnp.int32))) == 2

@@ -38,6 +38,7 @@ def test_hash_embedding_training():
 def test_golden_data(tmp_path):
     out = load("golden_data").main(str(tmp_path))
     assert out["nonzero_matches_numpy"] and all(os.path.exists(p) for p in out["paths"])
+    assert out["compare_passed"]
 
 
 def test_capacity_tuning(tmp_path):

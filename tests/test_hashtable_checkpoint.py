@@ -22,13 +22,12 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops.errors import CheckpointError, OpArgumentError, ResourceRequestError
-from jaxops.ops.hashtable import checkpoint_saved
-from jaxops.ops.hashtable.checkpoint_meta import write_meta
-from jaxops.ops.hashtable.checkpoint_tree import parts
-from jaxops.ops.hashtable.checksums import (add_sums, array_sums, chunk_sums, hex_sums,
-                                            host_sums)
-from jaxops.ops.hashtable.probe_check import ProbeCheck
-from jaxops.ops.hashtable.table import slot_bytes
+from jaxops.hashtable._walks.probe_check import ProbeCheck
+from jaxops.hashtable.checkpoint import _saved as checkpoint_saved
+from jaxops.hashtable.checkpoint._checksums import (add_sums, array_sums, chunk_sums, hex_sums,
+                                                    host_sums)
+from jaxops.hashtable.checkpoint._meta import write_meta
+from jaxops.hashtable.checkpoint._tree import parts
 from tests.hashtable_reference import table_snapshot
 
 DIM = 3
@@ -73,7 +72,7 @@ def _entries(table, state=None) -> dict:
 @pytest.mark.parametrize("chunk", [1, 5, 16])
 @pytest.mark.parametrize("fill", [9, 16])  # 16 of 16: no empty slot, clusters wrap
 def test_round_trip_across_chunk_boundaries(tmp_path, monkeypatch, chunk, fill):
-    monkeypatch.setattr(checkpoint_saved, "CHUNK_BYTES", chunk * slot_bytes(DIM))
+    monkeypatch.setattr(checkpoint_saved, "CHUNK_BYTES", chunk * ht.slot_bytes(DIM))
     t = _table(n=fill, seed=fill)
     ht.save(t, tmp_path / "t")
     chex.assert_trees_all_equal(table_snapshot(ht.load(tmp_path / "t")), table_snapshot(t))
@@ -115,8 +114,6 @@ def _other_rows(key, shape, dtype):
 def test_initializers_and_route_capacity_come_back(tmp_path):
     """A callable initializer comes back with the target's function of the same name (code
     is not saved); a table on a mesh keeps its routing capacity on as many shards."""
-    from jaxops.ops.hashtable.create import initializer_of
-
     t = ht.init_table(16, 2, initializer_mode="constant").replace(
         initializer=("callable", _rows, (0, 7)))
     ht.save(t, tmp_path / "t")
@@ -125,7 +122,7 @@ def test_initializers_and_route_capacity_come_back(tmp_path):
     assert back.initializer == ("callable", _rows, (0, 7))
     with pytest.raises(CheckpointError, match="initializer function .*_rows"):
         ht.load(tmp_path / "t", like.replace(initializer=("callable", _other_rows, None)))
-    assert initializer_of("random", 0.0, None, jax.random.key(5))[0] == "uniform"
+    assert ht.init_table(16, 2, key=jax.random.key(5)).initializer[0] == "uniform"
     m = ht.init_table(16, 2, initializer_mode="constant", placement=_mesh())
     ht.save(m.replace(route_capacity=8), tmp_path / "m")
     assert ht.load(tmp_path / "m", placement=_mesh()).route_capacity == 8
@@ -264,7 +261,7 @@ def test_flax_nnx_and_equinox_states(tmp_path):
 
     model = Model(nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-    looked = model.embed.lookup({"user": _bags([3, 4, 9])})
+    looked = model.embed.lookup_or_insert({"user": _bags([3, 4, 9])})
     model.embed.apply_gradients(looked, {"user": jnp.ones((3, 4))})
     state = nnx.state((model, optimizer))
     ht.save(state, tmp_path / "nnx")
@@ -274,7 +271,7 @@ def test_flax_nnx_and_equinox_states(tmp_path):
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, back), jax.tree.map(np.asarray, state))
 
     embed = jaxops.equinox.Embedding(coll, key=jax.random.key(0))
-    embed, looked = embed.lookup({"user": _bags([5, 6])})
+    embed, looked = embed.lookup_or_insert({"user": _bags([5, 6])})
     ht.save(eqx.filter(embed, eqx.is_array), tmp_path / "eqx")
     # Made as the saved one was (static fields, such as the tables' initializer seed, come
     # back as saved: eqx.combine needs the module's static part to be the same).

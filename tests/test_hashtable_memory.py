@@ -28,16 +28,15 @@ _SCRIPT = textwrap.dedent("""
         jax.block_until_ready(out)
         return out, rss("VmHWM") - base
 
-    from jaxops.ops.hashtable.checkpoint_read import CHUNK_BYTES
     size, dim, path = 1 << 20, 64, sys.argv[1]
     # Compile the small pieces: a table of two checkpoint chunks restores with the programs
     # of the big one's chunks.
-    from jaxops.ops.hashtable.table import slot_bytes
-    small = ht.init_table(2 * CHUNK_BYTES // slot_bytes(dim), dim, initializer_mode="constant")
+    small = ht.init_table(2 * ht.checkpoint.CHUNK_BYTES // ht.slot_bytes(dim), dim,
+                          initializer_mode="constant")
     ht.save(small, path + "-warm"); ht.load(path + "-warm")
     ht.init_table(1024, dim, key=jax.random.key(1))
     del small
-    report = {"chunk": CHUNK_BYTES}
+    report = {"chunk": ht.checkpoint.CHUNK_BYTES}
     t, report["init"] = peak_extra(lambda: ht.init_table(size, dim, key=jax.random.key(0)))
     # Keys with distinct home slots, each at its home: a valid table without the cost of
     # compiling lookup_or_insert (the checks here are about bytes, not about inserting).

@@ -101,7 +101,7 @@ def test_a_collection_holds_a_table_on_a_mesh():
     for placement in (None, _mesh()):
         coll = EmbeddingCollection([TableConfig("t", 16, DIM, ("a",), ht.optim.sgd(0.1), 1.0,
                                                 placement=placement)])
-        state, looked = coll.lookup(coll.init(jax.random.key(0)), bags)
+        state, looked = coll.lookup_or_insert(coll.init(jax.random.key(0)), bags)
         assert type(state["t"].table) is (ht.HashTable if placement is None
                                           else ht.ShardedHashTable)
         pooled.append(np.asarray(coll.pool(looked)["a"]))

@@ -108,3 +108,26 @@ def test_context_restores_after_error():
         with impl_mode("keep_fp16"):
             raise RuntimeError
     assert current_impl_mode() is M.DEFAULT
+
+
+def test_a_misspelt_mode_raises_everywhere_as_the_readme_says():
+    """impl_mode(), OP_OPTION and a call's impl_mode= raise on a name no mode has (issue
+    40: the first two warned and ran high_precision); CANN's own parser still warns."""
+    import warnings
+
+    import jax.numpy as jnp
+
+    from jaxops.core.errors import OpArgumentError
+    from jaxops.core.registry import get_op
+    from tracing import OP_OPTION
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # raised, not warned
+        with pytest.raises(OpArgumentError, match=r"impl_mode: argument 'mode': expected one of .*high_precision.*got 'fast'"):
+            with impl_mode("fast"):
+                pass
+        with pytest.raises(OpArgumentError, match=r"OP_OPTION: .*Did you mean 'high_precision'"):
+            OP_OPTION("high_precison")
+        with pytest.raises(OpArgumentError, match=r"NonZero: argument 'impl_mode'"):
+            get_op("NonZero")(jnp.ones(2), impl_mode="fast")
+    assert current_impl_mode() is M.DEFAULT

@@ -126,13 +126,34 @@ def test_outshape_other_dtypes(dtype):
 
 
 def test_outshape_errors():
-    with pytest.raises(OutshapeError, match="need 18"):
+    with pytest.raises(OutshapeError, match="need 11"):  # 9 words, then the last's 1 + rank 1
         t = np.zeros(9, np.int64)
         launch(SELECT, OP_INPUT(jnp.ones(2)), OP_OUTSHAPE(t, 0), OP_OUTSHAPE(t, 1))
     with pytest.raises(OutshapeError, match="names output 7"):
         launch(SELECT, OP_INPUT(jnp.ones(2)), OP_OUTSHAPE(np.zeros(9, np.int64), 7))
     with pytest.raises(OutshapeError, match="Unsupported outshape dtype"):
         launch(SELECT, OP_INPUT(jnp.ones(2)), OP_OUTSHAPE(np.zeros(9, np.int16), 0))
+
+
+@pytest.mark.parametrize("op, x, words, dtype", [
+    ("NonZero", jnp.array([[0, 3], [5, 0], [0, 7]]), 3, np.int32),   # A2's NonZero: rank + 1
+    ("MaskedSelect", None, 2, np.int64),                              # MaskedSelectV3: {2} int64
+    ("NonZero", jnp.array([[0, 3], [5, 0], [0, 7]]), 9, np.uint64),  # uint64 read as int64
+])
+def test_outshape_tensor_variants_cann_kernels_use(op, x, words, dtype):
+    """opbase's RefreshOutputShape reads 1 + rank words of a slot, from int32, int64,
+    float32 (and uint64 as int64) tensors; CANN's kernels allocate just that (issue 40:
+    launch refused the 3-word int32 tensor of A2's NonZero)."""
+    t = np.zeros(words, dtype)
+    inputs = (x,) if op == "NonZero" else (jnp.array([1.0, 2.0, 3.0]), jnp.array([True, False, True]))
+    r = launch(op, OP_INPUT(*inputs), OP_OUTSHAPE(t, 0), uint64_flag=dtype == np.uint64)
+    rank = 2 if op == "NonZero" else 1
+    want = (2, 3) if op == "NonZero" else (2,)
+    assert t[:1 + rank].astype(np.int64).tolist() == [rank | (0x80000000 if dtype == np.uint64 else 0), *want]
+    assert r.outputs[0].shape == want and r.outshape.dtype == dtype and r.outshape.size == words
+    assert tracing.outshape.decode(t) == [want]
+    with pytest.raises(OutshapeError, match=f"need {1 + rank}"):
+        launch(op, OP_INPUT(*inputs), OP_OUTSHAPE(np.zeros(rank, dtype), 0))
 
 
 def test_data_dependent_launch_without_outshape_returns_dynarrays():

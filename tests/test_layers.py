@@ -47,15 +47,6 @@ def test_lower_layers_import_only_below(package, allowed):
     assert not {f: n for f, n in bad.items() if n}, bad
 
 
-def test_old_capacity_paths_are_the_same_objects():
-    from jaxops import capacity
-    from tracing import capacity as old_stats, overflow as old_policy
-
-    assert old_policy.run_with_policy is capacity.run_with_policy
-    assert old_policy.CapacityOverflowWarning is capacity.CapacityOverflowWarning
-    assert old_stats.get_stats is capacity.get_stats
-
-
 def test_kernel_for_a_misspelt_op_raises_with_the_close_match():
     from jaxops.backends.ascend_ops import aclnn_kernel_for
     from jaxops.backends.callback import HOST_KERNELS, host_kernel_for
@@ -98,19 +89,21 @@ def test_no_operator_file_imports_another():
     # OpDef) never imports another one.
     root = pathlib.Path(__file__).resolve().parents[1]
     imports = {f: n for f, n in _project_imports("jaxops.ops").items()
-               if "/hashtable/" not in f and not f.endswith("__init__.py")}  # a package gathers
+               if not f.endswith("__init__.py")}  # a package gathers
     operators = {f[:-3].replace("/", ".") for f in imports
                  if "register_op(" in (root / f).read_text()}
     assert {"jaxops.ops.nonzero", "jaxops.ops.nms.efficient_nms"} <= operators
     bad = {f: sorted(n & operators) for f, n in imports.items() if n & operators}
     assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail
 
 
 #: The layers of docs/ARCHITECTURE.md, bottom first; a module imports only its own layer and
-#: those below. Everything else of ``jaxops`` (the package's face: ``__init__``, cli, bench,
-#: demo, errors, hashtable, embedding, nnx, equinox) is the top layer.
+#: those below. Everything else of ``jaxops`` (the package's face: ``__init__``, cli, demo,
+#: errors, embedding, nnx, equinox) is the top layer.
 LAYERS = [("jaxops.core",), ("jaxops.backends", "jaxops.native"), ("jaxops.capacity",),
-          ("jaxops.ops",), ("jaxops.golden",), ("tracing",)]
+          ("jaxops.ops",), ("jaxops.hashtable",), ("jaxops.golden",), ("tracing",),
+          ("jaxops.dynamic",), ("jaxops.onnx",)]
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -171,7 +164,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_in_jaxops_or_tracing():
     graph = _module_graph()
-    assert "jaxops.ops.hashtable.inserting" in graph and len(graph) > 100
+    assert "jaxops.hashtable._ops.inserting" in graph and len(graph) > 100
     assert not _cycles(graph), _cycles(graph)
 
 
@@ -201,3 +194,99 @@ def test_no_module_imports_a_private_name_of_another():
                 bad += [f"{path.relative_to(root)}: {node.module}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail
+
+
+#: The hash-table wing's folders, bottom first (docs/ARCHITECTURE.md): a module of the wing
+#: imports only its own folder and the folders below it. The public subpackages share the
+#: level above the operations; the modules directly in ``jaxops/hashtable/`` (its face:
+#: ``__init__``, ``words``) are above them all.
+WING = [("_table",), ("_walks",), ("_kernels",), ("_placement",), ("_ops",),
+        ("cann", "optim", "checkpoint")]
+
+
+def _wing_level(module: str) -> int:
+    folder = (module.split(".") + [None])[2]  # jaxops.hashtable.<folder or face module>...
+    return next((i for i, folders in enumerate(WING) if folder in folders), len(WING))
+
+
+def test_the_wing_folders_are_its_layers():
+    graph = {m: {d for d in deps if d.startswith("jaxops.hashtable.")}
+             for m, deps in _module_graph().items() if m.startswith("jaxops.hashtable.")}
+    assert {_wing_level(m) for m in graph} == set(range(len(WING) + 1)), sorted(graph)
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if _wing_level(d) > _wing_level(m))
+    assert not upward, upward
+
+
+def test_the_wings_modules_have_unique_names_and_small_folders():
+    root = pathlib.Path(__file__).resolve().parents[1] / "jaxops" / "hashtable"
+    modules = [p for p in root.rglob("*.py") if p.name != "__init__.py"]
+    names = [p.stem.lstrip("_") for p in modules]
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+    per_folder = {d: sum(p.parent == d for p in modules) for d in {p.parent for p in modules}}
+    assert max(per_folder.values()) <= 12, per_folder
+
+
+#: White-box tests of private modules (as optax tests its ``_src``): each of these files may
+#: import the private modules named, and nothing else outside their package does. The
+#: checksums' algebra, the probe-structure check against brute force and forged metadata
+#: (the checkpoint adversary) are tested where they are written, not through a save.
+WHITE_BOX = {
+    "tests/test_hashtable_checkpoint.py": {"jaxops.hashtable.checkpoint._checksums",
+                                           "jaxops.hashtable.checkpoint._meta",
+                                           "jaxops.hashtable.checkpoint._saved",
+                                           "jaxops.hashtable.checkpoint._tree",
+                                           "jaxops.hashtable._walks.probe_check"},
+    "tests/test_checkpoint_guard.py": {"jaxops.hashtable.checkpoint._guard",
+                                       "jaxops.hashtable.checkpoint._handler",
+                                       "jaxops.hashtable.checkpoint._meta"},
+    "tests/test_native_hash.py": {"jaxops.hashtable._walks.probe",
+                                  "jaxops.hashtable._walks.probe_check"},
+    "benchmarks/hashtable_checkpoint.py": {"jaxops.hashtable.checkpoint._checksums"},
+    "benchmarks/checkpoint_adversary.py": {"jaxops.hashtable.checkpoint._meta"},
+}
+
+
+def _private_modules_imported(path: pathlib.Path) -> set[str]:
+    """The project modules (or names) with a ``_private`` part that ``path`` imports
+    (``from pkg import _mod`` included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in ("jaxops", "tracing") and _private_part(name) is not None:
+                found.add(name)
+    return found
+
+
+def _private_part(name: str) -> int | None:
+    """The index of the first ``_private`` part of a dotted name (None: no such part)."""
+    return next((i for i, p in enumerate(name.split(".")) if p.startswith("_")
+                 and not p.startswith("__")), None)
+
+
+def test_no_private_module_is_imported_from_outside_its_package():
+    # ``a.b._c`` (a module or a folder) is private to ``a.b``: only modules inside ``a.b``
+    # import it. Everything else goes through the public face (jaxops.hashtable, its
+    # optim / cann / checkpoint / words), except the white-box tests named above.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    bad = []
+    for folder in ("jaxops", "tracing", "tests", "benchmarks", "examples"):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            parts = path.relative_to(root).with_suffix("").parts
+            here = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for private in _private_modules_imported(path):
+                if any(f"{private}.".startswith(f"{m}.") for m in WHITE_BOX.get(rel, ())):
+                    continue
+                package = ".".join(private.split(".")[:_private_part(private)])
+                if not (here + ".").startswith(package + "."):
+                    bad.append(f"{rel}: {private}")
+    assert not bad, bad
+    assert _private_part("jaxops.hashtable._ops.inserting") == 2  # the check above can fail

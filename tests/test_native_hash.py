@@ -179,7 +179,7 @@ def test_walks_stop_at_the_probe_limit_and_count_the_key():
     """A run of used slots longer than the probe bound: a key whose home lies in it is not
     placed even though free slots lie beyond (counted, never silent), a key beyond the run
     still is, and the native and xla walks agree; a full table costs a bounded walk."""
-    from jaxops.ops.hashtable.probe import PROBE_LIMIT
+    from jaxops.hashtable._walks.probe import PROBE_LIMIT
 
     size = 2 * PROBE_LIMIT
     run = PROBE_LIMIT + 64  # slots [0, run) hold keys 10**9 + slot, homes ignored
@@ -208,8 +208,8 @@ def test_walks_stop_at_the_probe_limit_and_count_the_key():
 
 
 def test_a_loaded_table_with_a_key_beyond_the_probe_bound_is_refused():
-    from jaxops.ops.hashtable.probe import PROBE_LIMIT
-    from jaxops.ops.hashtable.probe_check import ProbeCheck
+    from jaxops.hashtable._walks.probe import PROBE_LIMIT
+    from jaxops.hashtable._walks.probe_check import ProbeCheck
 
     size, run = 2 * PROBE_LIMIT, PROBE_LIMIT + 2
     flags = (np.arange(size) < run).astype(np.uint8)

@@ -25,12 +25,24 @@ PUBLIC = {
         "evict_if",
         "evict_lowest", "export", "export_chunks", "find", "gather", "host_keys", "import_",
         "init_sharded_table", "init_table", "load", "locate", "lookup", "lookup_or_insert",
-        "maintain", "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy", "words",
+        "maintain", "not_seen_for", "optim", "owner_shard", "resize", "save", "set_load_policy",
+        "slot_bytes", "with_route", "words",
     ],
-    "jaxops.hashtable.checkpoint": ["Checkpointer", "Restore", "Save", "TrainStateHandler"],
+    "jaxops.dynamic": [
+        "IDENTITIES", "RULES", "Tensor", "argmax", "concat", "elementwise", "gather", "matmul",
+        "plan_shape", "reduce", "rules", "softmax", "top_k",
+    ],
+    "jaxops.onnx": ["OPSETS", "Program", "load", "supported_ops"],
+    "jaxops.hashtable.checkpoint": ["CHUNK_BYTES", "Checkpointer", "Restore", "Save",
+                                    "TrainStateHandler", "load", "save"],
     "jaxops.hashtable.cann": [
         "EVICTED", "EXPORT", "FILTER", "VALID", "from_cann_bytes", "handle_counters",
         "home_slot", "murmur3_x86_32", "row_bytes", "to_cann_bytes",
+    ],
+    "jaxops.hashtable.optim": [
+        "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",
+        "RowwiseAdagradState", "SgdState", "adagrad", "adam", "adamw", "from_optax", "ftrl",
+        "make_row_optimizer", "rowwise_adagrad", "sgd", "slot_owners", "sum_by_slot",
     ],
     "jaxops.hashtable.words": [
         "Counter64", "Words64", "add_to_words", "as_words", "join_words", "sum_counters",

@@ -16,7 +16,6 @@ import jaxops.hashtable as ht
 from jaxops import cli
 from jaxops.core import memory
 from jaxops.errors import OpArgumentError, ResourceRequestError
-from jaxops.ops.hashtable.table import slot_bytes
 
 BIG = 2**31 - 1
 
@@ -66,14 +65,14 @@ def test_sizes_that_fit_run(one_gib):
 def test_table_beyond_any_memory_is_refused():
     with pytest.raises(ResourceRequestError) as err:
         ht.init_table(BIG, 1024, initializer_mode="constant")  # 8.8 TB
-    need = BIG * slot_bytes(1024)
+    need = BIG * ht.slot_bytes(1024)
     assert err.value.op == "InitEmbeddingHashTable" and err.value.arg == "bucket_size"
     assert f"needing {need} bytes" in str(err.value)
 
 
 def test_table_checks_inside_jit_on_a_mesh_and_on_resize(one_gib):
     mesh = ht.MeshAxis(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)), "d")
-    big = (1 << 30) // slot_bytes(8) + 1
+    big = (1 << 30) // ht.slot_bytes(8) + 1
     with pytest.raises(ResourceRequestError, match="bucket_size"):
         jax.jit(lambda: ht.init_table(big, 8, initializer_mode="constant"))()
     with pytest.raises(ResourceRequestError, match="bucket_size"):
@@ -88,7 +87,7 @@ def test_slot_bytes_is_what_a_table_holds():
     table = ht.init_table(64, 8, initializer_mode="constant")
     per_slot = [leaf.nbytes for leaf in jax.tree.leaves(table) if leaf.ndim and
                 leaf.shape[0] == 64]
-    assert sum(per_slot) == 64 * slot_bytes(8)
+    assert sum(per_slot) == 64 * ht.slot_bytes(8)
 
 
 @pytest.mark.parametrize("shape", ["2147483648", "100000,100000"])

@@ -80,10 +80,11 @@ def OP_OUTSHAPE(pair, index: int | None = None) -> OpArg:
 
 
 def OP_OPTION(*impl_modes) -> OpArg:
-    """The requested impl mode(s) (names or :class:`OpImplMode`), or-ed together."""
+    """The requested impl mode(s) (names or :class:`OpImplMode`), or-ed together; a
+    misspelt name raises :class:`~jaxops.errors.OpArgumentError` naming the known ones."""
     mode = 0
     for m in impl_modes:
-        mode |= int(as_impl_mode(m))
+        mode |= int(as_impl_mode(m, "OP_OPTION"))
     return OpArg(OpArgKind.OPTION, OpImplMode(mode) if mode else OpImplMode.DEFAULT)
 
 

@@ -172,12 +172,39 @@ def _compile(op: OpDef, kernel, attrs, inputs, pairs, word_dtype, uint64_flag, e
         return jax.jit(body).lower(*inputs).compile()
 
 
+def _kernel_word_dtype(op: str, dtype: np.dtype) -> np.dtype:
+    """The dtype the kernel writes its shape words in: the tensor's (float32, int32,
+    int64), int64 for a uint64 tensor (opbase reads uint64 words as int64)."""
+    if dtype == np.uint64:
+        return np.dtype(np.int64)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)):
+        raise OutshapeError(f"{op}: Unsupported outshape dtype {dtype}: expected float32, int32, "
+                            "int64 or uint64")
+    return dtype
+
+
+def _check_words(op: str, size: int, ranks: list[int]) -> None:
+    """An OP_OUTSHAPE tensor holds 9 words for every output but the last, which needs only
+    its rank word and dims (opbase's RefreshOutputShape reads slot k at 9k, 1 + rank words:
+    A2's NonZero writes 3 int32 words, MaskedSelectV3 2 int64 words)."""
+    need = SLOT_WORDS * (len(ranks) - 1) + 1 + ranks[-1]
+    if size < need:
+        raise OutshapeError(f"{op}: the OP_OUTSHAPE tensor has {size} words; {len(ranks)} "
+                            f"outputs need {need} (9 per output, the last {1 + ranks[-1]}: its "
+                            "rank word and dims)")
+
+
 def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
            uint64_flag: bool = False, overflow: str = "truncate") -> LaunchResult:
     """Launches ``op_name`` with CANN-style ``OP_*`` arguments (see the module docstring).
 
     ``uint64_flag`` makes the kernel set bit 31 of each rank word of an int64 shape tensor,
     as Ascend kernels that produce 64-bit shape data do.
+
+    The OP_OUTSHAPE tensor takes the variants CANN's kernels use: float32, int32, int64 or
+    uint64 words (uint64 written as the int64 words reinterpreted, as opbase reads them), 9
+    per output, the last output's slot possibly cut after its dims (``1 + rank`` words:
+    the 3 int32 words of A2's NonZero, the 2 int64 words of MaskedSelectV3).
 
     ``overflow``: what an OP_OUTSHAPE launch does when a ``size`` attr left an output short
     of its true size — ``"truncate"`` (the kernel's behaviour: keep what fits, warn once per
@@ -204,9 +231,11 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
                               "writes the shapes into it)", "a read-only numpy array"
                               if isinstance(tensor, np.ndarray) else type(tensor).__name__,
                               "Pass np.zeros(9 * n_outputs, np.int64) or similar.")
-    if tensor is not None and np.size(tensor) < SLOT_WORDS * len(pairs):
-        raise OutshapeError(f"{op.name}: the OP_OUTSHAPE tensor has {np.size(tensor)} words; "
-                            f"{len(pairs)} outputs need {SLOT_WORDS * len(pairs)}")
+    kernel_dtype = None if tensor is None else _kernel_word_dtype(op.name, word_dtype)
+    if tensor is not None and op.infer_shape is not None:  # refused before compiling
+        ranks = [len(d.shape) for d in op.infer(inputs, attrs)]
+        _check_words(op.name, np.size(tensor), [ranks[i] if 0 <= i < len(ranks) else 0
+                                                 for _, i in pairs])
     key = (op.name, _avals(inputs), _freeze(attrs), to_index_char(mode), int(ctx.exec_mode),
            chosen, tuple(i for _, i in pairs), str(word_dtype), uint64_flag,
            bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision))
@@ -216,7 +245,7 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
         _stats["hits" if hit else "misses"] += 1
     if not hit:
         compiled = _compile(op, kernel, attrs, inputs, [(None, i) for _, i in pairs],
-                            word_dtype, uint64_flag, ctx.exec_mode)
+                            kernel_dtype, uint64_flag, ctx.exec_mode)
         with _lock:
             _cache[key] = compiled
             _stats["compiles"] += 1
@@ -229,9 +258,13 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
     host_wire, host_words, shapes = jax.device_get((wire, words, shapes))  # the one sync
     host_wire = [np.asarray(w).reshape(np.shape(o.data) if isinstance(o, DynArray) else np.shape(o))
                  for w, o in zip(host_wire, outs)]
-    written = to_host_words(host_words, word_dtype)
-    if isinstance(tensor, np.ndarray) and tensor.flags.writeable:
-        tensor.reshape(-1)[:written.size] = written  # the kernel writes the caller's tensor
+    written = to_host_words(host_words, kernel_dtype)
+    _check_words(op.name, tensor.size, [len(np.shape(o.data if isinstance(o, DynArray) else o))
+                                        for o in (outs[i] for _, i in pairs)])
+    # The kernel writes the caller's tensor: every slot's words that fit (a short tensor
+    # ends after the last slot's dims), uint64 words as the int64 ones reinterpreted.
+    size = min(tensor.size, written.size)
+    tensor.reshape(-1)[:size] = written[:size].view(word_dtype)
     refreshed = refresh_outputs(host_wire, [(written, i) for _, i in pairs])
     touched = {i for _, i in pairs}
     final = [refreshed[i] if i in touched else o for i, o in enumerate(outs)]
@@ -242,7 +275,8 @@ def launch(op_name: str, *op_args: OpArg, backend: str | None = None,
 
     actual = [dims(s[0]) if s is not None else np.shape(o) for s, o in zip(shapes, outs)]
     true = [dims(s[1]) if s is not None else None for s in shapes]
-    launched = LaunchResult(final, written, mode, chosen, hit, host_wire, actual, true)
+    launched = LaunchResult(final, tensor.reshape(-1)[:size].copy(), mode, chosen, hit,
+                            host_wire, actual, true)
     cut = launched._cut()
     if cut:
         _report_overflow(op.name, *cut[0], overflow)

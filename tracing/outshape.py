@@ -19,10 +19,10 @@ import numpy as np
 
 from jaxops.core.errors import OutshapeError
 from jaxops.core.outshape_format import (MAX_RANK, SLOT_WORDS, UINT64_FLAG, decode, encode,
-                                         to_host_words)
+                                         host_words, to_host_words)
 
-__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "refresh_outputs",
-           "to_host_words"]
+__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "host_words",
+           "refresh_outputs", "to_host_words"]
 
 
 def refresh_outputs(outputs: Sequence, outshape_args: Sequence[tuple]) -> list:

@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
+from jaxops.core import loading
 from jaxops.core.errors import BackendUnavailableError, DuplicateBackendError
 
 __all__ = [
@@ -92,7 +93,8 @@ def register_backend(entry: BackendEntry) -> BackendEntry:
 
 
 def backend_names() -> tuple[str, ...]:
-    """The registered backends, in registration order."""
+    """The registered backends, in registration order (the library loaded first)."""
+    loading.load_all()
     return tuple(_TABLE)
 
 
@@ -137,6 +139,8 @@ class Selection:
 
 def _check_available(name: str, source: str) -> None:
     if name not in _TABLE:
+        loading.load_all()  # a backend of the library not loaded yet registers itself
+    if name not in _TABLE:
         raise BackendUnavailableError(f"unknown backend {name!r} (from {source}); known "
                                       f"backends: {', '.join(_TABLE)}")
     ok, reason = backend_status(name)
@@ -175,6 +179,7 @@ def select(op: _Op, requested: str | None = None, inputs: Sequence[Any] | None =
                                           f"cannot run it: {why}.")
         return Selection(op.name, DEFAULT_BACKEND, source, f"fallback: {why}", ((name, why),))
     passed_over = []
+    loading.load_all()  # automatic selection sees every backend, as after `import jaxops`
     candidates = sorted((e for e in _TABLE.values() if e.auto_priority is not None),
                         key=lambda e: -e.auto_priority)
     for entry in candidates:

@@ -9,7 +9,7 @@ clauses keep working.
 from __future__ import annotations
 
 __all__ = [
-    "AclError", "BackendUnavailableError", "BenchmarksNotFound", "CapacityOverflowError",
+    "AclError", "BackendUnavailableError", "CapacityOverflowError",
     "CapacityOverflowWarning", "CheckpointError", "DuplicateBackendError", "DuplicateOpError",
     "JaxopsError", "KernelNotFoundError", "LibraryLoadError", "MissingInputError",
     "OpArgumentError", "OpDTypeError", "OutshapeError", "ResourceRequestError",
@@ -135,10 +135,6 @@ class AclError(JaxopsError, RuntimeError):
 
 class UsageError(JaxopsError, ValueError):
     """A mistake on the ``jaxops`` command line: one line on stderr, exit status 2."""
-
-
-class BenchmarksNotFound(JaxopsError, RuntimeError):
-    """``jaxops bench`` found no ``benchmarks/`` (jaxops installed without its checkout)."""
 
 
 class CheckpointError(JaxopsError, ValueError):

@@ -16,10 +16,13 @@ mode's index character.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import enum
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
+
+from jaxops.core.errors import OpArgumentError
 
 __all__ = [
     "OpExecMode", "OpImplMode", "as_impl_mode", "current_impl_mode", "impl_mode",
@@ -146,12 +149,28 @@ def select_impl_mode(requested: OpImplMode, supported: OpImplMode) -> OpImplMode
     return OpImplMode.HIGH_PERFORMANCE
 
 
-def as_impl_mode(mode: OpImplMode | str | int | None) -> OpImplMode:
-    """Accepts a mode, its name or its integer value (``None`` → the current mode)."""
+def as_impl_mode(mode: OpImplMode | str | int | None, where: str = "impl_mode") -> OpImplMode:
+    """Accepts a mode, its name or its integer value (``None`` → the current mode).
+
+    A name :func:`impl_mode_names` does not know raises (``where`` names the caller in the
+    message); CANN's own lenient parser, which warns and goes on with RESERVED, is
+    :func:`impl_mode_from_str`.
+
+    >>> as_impl_mode("high_performance")
+    <OpImplMode.HIGH_PERFORMANCE: 2>
+    >>> as_impl_mode("high_perfomance")
+    Traceback (most recent call last):
+    ...
+    jaxops.core.errors.OpArgumentError: impl_mode: argument 'mode': expected one of default, ...
+    """
     if mode is None:
         return current_impl_mode()
     if isinstance(mode, str):
-        return impl_mode_from_str(mode)
+        if mode not in _STR_TO_MODE:
+            close = difflib.get_close_matches(mode, list(_STR_TO_MODE), n=1)
+            raise OpArgumentError(where, "mode", "one of " + ", ".join(_STR_TO_MODE), repr(mode),
+                                  f"Did you mean {close[0]!r}?" if close else "")
+        return _STR_TO_MODE[mode]
     return OpImplMode(int(mode))
 
 
@@ -166,7 +185,8 @@ def current_impl_mode() -> OpImplMode:
 
 @contextlib.contextmanager
 def impl_mode(mode: OpImplMode | str) -> Iterator[OpImplMode]:
-    """Thread-local OP_OPTION: operator calls inside the block request ``mode``.
+    """Thread-local OP_OPTION: operator calls inside the block request ``mode`` (a name
+    no mode has raises, naming the known ones).
 
     >>> with impl_mode("high_performance"):
     ...     current_impl_mode()
@@ -174,7 +194,7 @@ def impl_mode(mode: OpImplMode | str) -> Iterator[OpImplMode]:
     >>> current_impl_mode()
     <OpImplMode.DEFAULT: 1>
     """
-    mode = as_impl_mode(mode)
+    mode = as_impl_mode(mode, "impl_mode")  # a misspelt name raises here, not at the call
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []

@@ -30,7 +30,8 @@ import numpy as np
 
 from jaxops.core.errors import OutshapeError
 
-__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "to_host_words"]
+__all__ = ["MAX_RANK", "SLOT_WORDS", "UINT64_FLAG", "decode", "encode", "host_words",
+           "to_host_words"]
 
 MAX_RANK = 8
 SLOT_WORDS = 1 + MAX_RANK
@@ -92,6 +93,31 @@ def encode(shapes: Sequence, dtype=np.int64, uint64_flag: bool = False) -> jax.A
     return jnp.concatenate(slots)
 
 
+def host_words(shapes: Sequence, dtype=np.int64, uint64_flag: bool = False) -> np.ndarray:
+    """:func:`encode` on the host: the same words as a numpy array of ``dtype``, for
+    shapes known on the host (golden files), without a JAX computation.
+
+    Examples:
+      >>> import numpy as np
+      >>> host_words([(2, 3)], np.int64, uint64_flag=True)[:3].tolist()
+      [2147483650, 2, 3]
+      >>> bool((host_words([(2, 3)]) == to_host_words(encode([(2, 3)]))).all())
+      True
+    """
+    dt = _check_dtype(dtype)
+    if uint64_flag and dt != np.int64:
+        raise OutshapeError(f"host_words: the uint64 rank flag needs an int64 tensor, got {dt}")
+    words = np.zeros(SLOT_WORDS * len(shapes), dt)
+    for k, shape in enumerate(shapes):
+        dims = [int(d) for d in shape]
+        if len(dims) > MAX_RANK:
+            raise OutshapeError(f"host_words: shape {k} has rank {len(dims)}; OP_OUTSHAPE holds "
+                                f"at most {MAX_RANK} dims")
+        words[k * SLOT_WORDS] = len(dims) | (UINT64_FLAG if uint64_flag else 0)
+        words[k * SLOT_WORDS + 1:k * SLOT_WORDS + 1 + len(dims)] = dims
+    return words
+
+
 def to_host_words(buffer, dtype=np.int64) -> np.ndarray:
     """The shape tensor as a numpy array of ``dtype``.
 
@@ -120,11 +146,12 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
     """Reads the shapes out of an OP_OUTSHAPE tensor (host side).
 
     A rank word ≤ 0 gives a scalar shape and a warning; for int64 tensors the uint64 flag
-    (bit 31) is masked off.
+    (bit 31) is masked off (uint64 tensors are read as int64, as opbase does). The last slot
+    may stop after its dims (``1 + rank`` words: A2's NonZero writes 3 int32 words).
 
     Args:
       buffer: the shape tensor.
-      count: the number of slots to read (default: all ``len // 9``).
+      count: the number of slots to read (default: every slot begun, ``ceil(len / 9)``).
       individual: read the single-op-kernel variant: uint64 words, rank = word & 0x7F.
 
     Returns:
@@ -134,6 +161,8 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
       >>> import numpy as np
       >>> decode(np.array([0x80000002, 2, 3, 0, 0, 0, 0, 0, 0], np.int64))
       [(2, 3)]
+      >>> decode(np.array([2, 5, 3], np.int32))   # the short variant of A2's NonZero
+      [(5, 3)]
     """
     buf = np.asarray(jax.device_get(buffer))
     if buf.ndim != 1:
@@ -146,12 +175,14 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
     else:
         if buf.dtype == np.uint32:  # int64 words carried as uint32 with x64 off (see encode)
             buf = buf.astype(np.int64)
+        elif buf.dtype == np.uint64:  # opbase reads uint64 shape words as int64
+            buf = buf.view(np.int64)
         _check_dtype(buf.dtype)
         words = buf
-    slots = len(words) // SLOT_WORDS if count is None else int(count)
-    if slots * SLOT_WORDS > len(words) or slots < 0:
-        raise OutshapeError(f"decode: {slots} slots need {slots * SLOT_WORDS} words, the tensor "
-                            f"has {len(words)}")
+    slots = -(-len(words) // SLOT_WORDS) if count is None else int(count)
+    if (slots - 1) * SLOT_WORDS >= len(words) and slots > 0 or slots < 0:
+        raise OutshapeError(f"decode: {slots} slots need at least {(slots - 1) * SLOT_WORDS + 1} "
+                            f"words, the tensor has {len(words)}")
     shapes = []
     for k in range(slots):
         slot = words[k * SLOT_WORDS:(k + 1) * SLOT_WORDS]
@@ -169,5 +200,7 @@ def decode(buffer, count: int | None = None, *, individual: bool = False) -> lis
         if rank > MAX_RANK:
             raise OutshapeError(f"decode: slot {k} has rank {rank}; OP_OUTSHAPE holds at most "
                                 f"{MAX_RANK} dims")
+        if len(slot) < 1 + rank:
+            raise OutshapeError(f"decode: slot {k} has rank {rank} but {len(slot) - 1} dim words")
         shapes.append(tuple(int(d) for d in slot[1:1 + rank]))
     return shapes

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.core import loading
 from jaxops.core.backend_table import select_backend
 from jaxops.core.dtypes import DataType
 from jaxops.core.errors import (DuplicateOpError, KernelNotFoundError, MissingInputError,
@@ -147,6 +148,8 @@ class AttrDef:
             return self.expected
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.type == "bool":
+            return "true or false" + (" or None" if self.optional else "")
         return f"{self.type}{' or None' if self.optional else ''}"
 
     def _runtime_scalar(self, op: str, value: jax.Array) -> jax.Array:
@@ -165,7 +168,7 @@ class AttrDef:
         Args:
           op: the operator's name (for the error message).
           text: the value as typed (``none`` for an optional attr; lists comma-separated;
-            bools as true/false, yes/no, on/off, 1/0).
+            bools as true/false or 1/0).
 
         Returns:
           The value, cast and validated as :meth:`validate` does.
@@ -173,7 +176,7 @@ class AttrDef:
         Examples:
           >>> AttrDef("sizes", "list_int", default=()).parse_text("Doc", "2,3")
           (2, 3)
-          >>> AttrDef("on", "bool", default=False).parse_text("Doc", "yes")
+          >>> AttrDef("on", "bool", default=False).parse_text("Doc", "True")
           True
         """
         try:
@@ -210,7 +213,9 @@ class AttrDef:
         return value
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: Bool attrs as text: true/false (any case) or 1/0; "yes", "on" and the like are refused,
+#: so a typo is an error rather than a guess.
+_TRUE, _FALSE = ("1", "true"), ("0", "false")
 
 
 def _parse_text(attr: AttrDef, text: str) -> Any:
@@ -314,8 +319,9 @@ class OpDef:
     def select_mode(self, requested: OpImplMode | str | int | None = None) -> OpImplMode:
         """The impl mode a call runs in (see :func:`select_impl_mode`).
 
-        A misspelt mode name raises here (naming the known ones); CANN's parser, which
-        warns and goes on with RESERVED, stays in :func:`impl_mode_from_str` and OP_OPTION.
+        A misspelt mode name raises here (naming the known ones), as it does in
+        :func:`~jaxops.core.impl_mode.impl_mode` and ``OP_OPTION``; CANN's parser, which
+        warns and goes on with RESERVED, stays in :func:`impl_mode_from_str`.
         """
         known = impl_mode_names()
         if isinstance(requested, str) and requested not in known:
@@ -557,7 +563,10 @@ def _unknown(name: str, prefix: str = "unknown operator") -> UnknownOpError:
 
 
 def get_op(name: str) -> OpDef:
-    """The registered OpDef called ``name``; an unknown name lists close matches."""
+    """The registered OpDef called ``name``; an unknown name lists close matches. A name
+    not registered yet loads the whole library first (:mod:`jaxops.core.loading`)."""
+    if name not in _REGISTRY:
+        loading.load_all()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -565,7 +574,8 @@ def get_op(name: str) -> OpDef:
 
 
 def list_ops() -> list[str]:
-    """Names of every registered operator, sorted."""
+    """Names of every registered operator, sorted (the whole library loaded first)."""
+    loading.load_all()
     return sorted(_REGISTRY)
 
 

@@ -1,6 +1,6 @@
 """Faster kernels for the hash tables' walks, registered by a backend; the hash ops ask here.
 
-The hash-table operations (``jaxops/ops/hashtable``) are built from a few walks over a
+The hash-table operations (``jaxops/hashtable``) are built from a few walks over a
 table: find each key (``find_slots``), group a batch's duplicates (``first_occurrences``),
 place new keys in batch order (``place_new_keys``), read rows by slot (``gather_rows``),
 or find keys and read their rows in one pass (``find_rows``).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxops.core import loading
 from jaxops.core.backend_table import backend_status, requested_backend
 
 __all__ = ["WALKS", "probing_ops", "register_walk", "uses_walks", "walk_kernel", "walk_path"]
@@ -54,6 +55,8 @@ def register_walk(walk: str, backend: str, kernel: Callable) -> None:
 def walk_path() -> tuple[str, str]:
     """``(backend, why)``: the backend whose walks the hash ops take if traced now
     (``"xla"``: their own)."""
+    if not _KERNELS:
+        loading.load_all()  # the native walks register when the library loads
     if not _KERNELS:
         return "xla", "no backend registered hash-table walks"
     backend = next(iter(_KERNELS.values()))[0]

@@ -63,8 +63,8 @@ def _bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 @functools.lru_cache(maxsize=4)  # one compile per table size in a process (tests, re-runs)
 def make_train_step(bucket_size: int = 16384):
-    """The jitted step for :func:`collection` at ``bucket_size``: lookup (inserting new
-    ids) → dot product → gradient w.r.t. the looked-up rows → the row optimizer by slot."""
+    """The jitted step for :func:`collection` at ``bucket_size``: lookup_or_insert (new ids
+    inserted) → dot product → gradient w.r.t. the looked-up rows → the row optimizer by slot."""
     coll = collection(bucket_size)
 
     # The state (tables and AdamW moments) is donated: the step then updates it in place.
@@ -74,7 +74,7 @@ def make_train_step(bucket_size: int = 16384):
     def train_step(state, users: ht.words.Words64, items: ht.words.Words64, labels: jax.Array):
         one = jnp.ones(labels.shape[0], jnp.int32)
         bags = {"user": Bags.from_lengths(users, one), "item": Bags.from_lengths(items, one)}
-        state, looked = coll.lookup(state, bags)
+        state, looked = coll.lookup_or_insert(state, bags)
 
         def loss_fn(rows):
             pooled = coll.pool(looked, rows)

@@ -3,8 +3,8 @@
 >>> import numpy as np, jax, jaxops.hashtable as ht
 >>> from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
 >>> coll = EmbeddingCollection([TableConfig("t", 16, 2, ("a",), ht.optim.sgd(0.1), 1.0)])
->>> state, looked = coll.lookup(coll.init(jax.random.key(0)),
-...                             {"a": Bags.from_lengths(np.array([4, 5]), np.array([2, 0]))})
+>>> state, looked = coll.lookup_or_insert(coll.init(jax.random.key(0)),
+...                                       {"a": Bags.from_lengths(np.array([4, 5]), np.array([2, 0]))})
 >>> coll.pool(looked)["a"].tolist()
 [[2.0, 2.0], [0.0, 0.0]]
 """

@@ -10,8 +10,9 @@ one feature stores its raw ids (so adding a feature to it later changes the firs
 keys). The id -1 is the padding key (CANN's unused key); padding is never inserted, and a
 real id that salts to -1 (one in 2**64) is counted as padding in ``info.filtered``.
 
-A training step is lookup → pool → gradient w.r.t. the looked-up rows (O(batch)) → row
-optimizer by slot; no table-sized gradient is ever formed:
+A training step is lookup_or_insert → pool → gradient w.r.t. the looked-up rows (O(batch))
+→ row optimizer by slot; no table-sized gradient is ever formed
+(:meth:`~EmbeddingCollection.lookup` reads without inserting, for evaluation):
 
 >>> import numpy as np, jax, jax.numpy as jnp, jaxops.hashtable as ht
 >>> from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
@@ -25,7 +26,7 @@ optimizer by slot; no table-sized gradient is ever formed:
 ...          "tags": Bags.from_dense(np.array([[5, 6], [7, 0]]), mask=np.array([[1, 1], [1, 0]]))}
 >>> @jax.jit
 ... def train_step(state, batch):
-...     state, looked = coll.lookup(state, batch)
+...     state, looked = coll.lookup_or_insert(state, batch)
 ...     def loss(rows):
 ...         pooled = coll.pool(looked, rows)
 ...         return sum(jnp.sum(p ** 2) for p in pooled.values())
@@ -60,10 +61,9 @@ from jaxops.embedding.bags import Bags
 from jaxops.embedding.pooling import check_pooling, pool
 from jaxops.hashtable import (HashTable, LookupInfo, Maintenance, Placement, ShardedHashTable,
                               gather, init_table, locate, lookup_or_insert, maintain,
-                              set_load_policy)
+                              set_load_policy, with_route)
 from jaxops.hashtable.optim import RowOptimizer
 from jaxops.hashtable.words import Words64
-from jaxops.ops.hashtable.create import key_words
 
 __all__ = ["EmbeddingCollection", "Lookup", "TableConfig", "TableReport", "TableState",
            "feature_salt", "salt_ids"]
@@ -163,13 +163,14 @@ class TableState(NamedTuple):
 
 
 class Lookup(NamedTuple):
-    """What :meth:`EmbeddingCollection.lookup` read, per feature (and per table for ``info``).
+    """What :meth:`EmbeddingCollection.lookup_or_insert` (or ``lookup``) read, per feature (and
+    per table for ``info``).
 
     Attributes:
         rows: feature → float ``[N, dim]``, the row of each id (zeros for padding).
         slots: feature → int32 ``[N]``, the slot of each id (-1: padding, not placed).
         bags: feature → the :class:`Bags` looked up.
-        info: table → ``LookupInfo`` of its ``lookup_or_insert`` (None when not inserting);
+        info: table → ``LookupInfo`` of its ``lookup_or_insert`` (None for ``lookup``);
             ``unplaced`` counts ids lost to a full table, ``filtered`` the padding.
     """
 
@@ -213,9 +214,7 @@ def _initial_values(config: TableConfig, key: jax.Array) -> Any:
     if init is None:
         return init_table(size, dim, key=key, **where)
     if callable(init):  # grown tables draw their new rows from it too
-        table = init_table(size, dim, sampled_values=init(key, (size, dim), jnp.float32),
-                           **where)
-        return table.replace(initializer=("callable", init, key_words(key)))
+        return init_table(size, dim, initializer=init, key=key, **where)
     return init_table(size, dim, initializer_mode="constant", constant_value=float(init),
                       **where)
 
@@ -246,11 +245,6 @@ class EmbeddingCollection:
                                           f"{feature!r} in {self._table_of[feature].name!r} "
                                           f"and {config.name!r}")
                 self._table_of[feature] = config
-
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        """Every feature, in table order."""
-        return tuple(self._table_of)
 
     def init(self, key: jax.Array) -> dict[str, TableState]:
         """Empty tables (rows from each initializer) and their optimizer states."""
@@ -293,48 +287,61 @@ class EmbeddingCollection:
                 groups[config.name] = given
         return groups
 
-    def lookup(self, state: Mapping[str, TableState], features: Mapping[str, Bags], *,
-               insert: bool = True) -> tuple[dict[str, TableState], Lookup]:
-        """Rows and slots of every id of ``features`` (one probe per table).
+    def lookup_or_insert(self, state: Mapping[str, TableState], features: Mapping[str, Bags]
+                         ) -> tuple[dict[str, TableState], Lookup]:
+        """Rows and slots of every id of ``features``, inserting absent ids (training; one
+        probe per table).
 
         Args:
             state: from :meth:`init`.
             features: feature name → :class:`Bags` (any subset of the features).
-            insert: insert absent ids (training); False reads only (absent ids: zero rows,
-                slot -1).
 
         Returns:
             ``(state, lookup)``: the state with ids inserted and counted, and a
             :class:`Lookup` to pool and to apply gradients with.
         """
         state = dict(state)
-        rows, slots, bags, info = {}, {}, {}, {}
+        rows, slots, info = {}, {}, {}
+        for table_name, group, config, words in self._table_keys(features):
+            table, rows[table_name], info[table_name] = lookup_or_insert(
+                state[table_name].table, words, filter_key_flag=True, filter_key=-1,
+                route_capacity=config.route_capacity)
+            slots[table_name] = info[table_name].slots
+            report = state[table_name].report
+            state[table_name] = state[table_name]._replace(
+                table=table, report=None if report is None else report.add(info[table_name]))
+        return state, self._per_feature(features, rows, slots, info)
+
+    def lookup(self, state: Mapping[str, TableState], features: Mapping[str, Bags]) -> Lookup:
+        """Rows and slots of every id of ``features``, reading only: an absent id gets a
+        zero row and slot -1, and no table changes (evaluation, serving)."""
+        rows, slots = {}, {}
+        for table_name, group, config, words in self._table_keys(features):
+            table, capacity = state[table_name].table, config.route_capacity
+            at, _ = with_route(locate)(table, words, route_capacity=capacity)
+            at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
+            rows[table_name], _ = with_route(gather)(table, at, route_capacity=capacity)
+            slots[table_name] = at
+        return self._per_feature(features, rows, slots, dict.fromkeys(rows))
+
+    def _table_keys(self, features: Mapping[str, Bags]):
+        """``(table name, its features, its config, their keys)`` per table looked up."""
         for table_name, group in self._grouped(features).items():
             config = next(c for c in self.tables if c.name == table_name)
             keys = [self._keys(config, f, features[f]) for f in group]
-            words = Words64(jnp.concatenate([k.lo for k in keys]),
-                            jnp.concatenate([k.hi for k in keys]))
-            table = state[table_name].table
-            if insert:
-                table, got, info[table_name] = lookup_or_insert(
-                    table, words, filter_key_flag=True, filter_key=-1,
-                    route_capacity=config.route_capacity)
-                at = info[table_name].slots
-                report = state[table_name].report
-                state[table_name] = state[table_name]._replace(
-                    table=table, report=None if report is None else report.add(info[table_name]))
-            else:
-                at = locate(table, words, route_capacity=config.route_capacity,
-                            with_route=config.route_capacity is not None)
-                at = at[0] if config.route_capacity is not None else at
-                at = jnp.where((words.lo == _PAD) & (words.hi == _PAD), -1, at)
-                got = gather(table, at, route_capacity=config.route_capacity,
-                             with_route=config.route_capacity is not None)
-                got, info[table_name] = got[0] if config.route_capacity is not None else got, None
-            bounds = np.cumsum([k.lo.shape[0] for k in keys])[:-1]
-            for f, r, s in zip(group, jnp.split(got, bounds), jnp.split(at, bounds)):
-                rows[f], slots[f], bags[f] = r, s, features[f]
-        return state, Lookup(rows, slots, bags, info)
+            yield table_name, group, config, Words64(jnp.concatenate([k.lo for k in keys]),
+                                                     jnp.concatenate([k.hi for k in keys]))
+
+    def _per_feature(self, features: Mapping[str, Bags], rows: dict, slots: dict,
+                     info: dict) -> Lookup:
+        """A :class:`Lookup` from each table's rows and slots (its features' in order)."""
+        out_rows, out_slots, bags = {}, {}, {}
+        for table_name, group in self._grouped(features).items():
+            bounds = np.cumsum([features[f].ids.lo.shape[0] for f in group])[:-1]
+            for f, r, s in zip(group, jnp.split(rows[table_name], bounds),
+                               jnp.split(slots[table_name], bounds)):
+                out_rows[f], out_slots[f], bags[f] = r, s, features[f]
+        return Lookup(out_rows, out_slots, bags, info)
 
     def pool(self, lookup: Lookup, rows: Mapping[str, jax.Array] | None = None
              ) -> dict[str, jax.Array]:
@@ -350,8 +357,8 @@ class EmbeddingCollection:
         per table; duplicate ids across its features are summed).
 
         Args:
-            state: the state after :meth:`lookup`.
-            lookup: what :meth:`lookup` returned.
+            state: the state after :meth:`lookup_or_insert`.
+            lookup: what :meth:`lookup_or_insert` returned.
             grads: feature → float ``[N, dim]``, d loss / d ``lookup.rows[feature]``.
             step: the global step (schedules; Adam's global bias correction).
         """

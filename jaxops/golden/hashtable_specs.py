@@ -13,19 +13,14 @@ import dataclasses
 
 import numpy as np
 
-from jaxops.ops.hashtable.cann_adamw import AdamWState, adam_w_init, apply_adam_w
-from jaxops.ops.hashtable.cann_bytes import to_cann_bytes
-from jaxops.ops.hashtable.create import init_table
-from jaxops.ops.hashtable.evicting import evict
-from jaxops.ops.hashtable.exporting import export
-from jaxops.ops.hashtable.importing import import_
-from jaxops.ops.hashtable.inserting import lookup_or_insert
-from jaxops.ops.hashtable.table import HashTable
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.outshape_format import encode, to_host_words
 from jaxops.core.registry import OpDef
 from jaxops.golden.cases import GoldenRun, run_opdef
 from jaxops.golden.specs import GoldenSpec, get_spec, register_golden
+from jaxops.hashtable import (AdamWState, HashTable, adam_w_init, apply_adam_w, evict, export,
+                              import_, init_table, lookup_or_insert)
+from jaxops.hashtable.cann import to_cann_bytes
 
 __all__: list[str] = []  # registers specs; nothing to import from here
 
@@ -35,7 +30,7 @@ def _filled_table_and_keys(rng: np.random.Generator, bucket_size: int = 64, dim:
     and those keys."""
     keys = rng.integers(-2**62, 2**62, 30, dtype=np.int64)
     table = init_table(bucket_size, dim, initializer_mode="random",
-                          sampled_values=rng.standard_normal(bucket_size * dim).astype(np.float32))
+                       sampled_values=rng.standard_normal(bucket_size * dim).astype(np.float32))
     table, _, _ = lookup_or_insert(table, keys[:16])
     table, _, _, _, _ = export(table)                       # these 16 are exported once
     table, _, _ = lookup_or_insert(table, np.concatenate([keys[10:], keys[10:14]]))

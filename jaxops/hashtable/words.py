@@ -11,8 +11,8 @@ itself narrows a numpy int64 argument to int32 before any jaxops code sees it.
 0
 """
 
-from jaxops.ops.hashtable.words import (Counter64, Words64, add_to_words, as_words, join_words,
-                                        sum_counters, to_host_int64)
+from jaxops.hashtable._table.words64 import (Counter64, Words64, add_to_words, as_words, join_words,
+                                             sum_counters, to_host_int64)
 
 __all__ = ["Counter64", "Words64", "add_to_words", "as_words", "join_words", "sum_counters",
            "to_host_int64"]

@@ -2,7 +2,7 @@
 walk table (:mod:`jaxops.core.walk_table`), where the hash ops look them up when traced.
 
 Each function takes and returns what the xla walk of the same name in
-``jaxops/ops/hashtable/probe.py`` (``gather.py`` for ``gather_rows``) computes, bit for bit:
+``jaxops/hashtable/_walks/probe.py`` (``row_gather.py`` for ``gather_rows``) computes, bit for bit:
 plain arrays, so this module needs nothing of the ops. ``place_new_keys`` updates the
 table's flags in place (the FFI call aliases them to its output; with the table donated
 nothing of the table's size is copied).

@@ -2,8 +2,8 @@
 
 import numpy as np
 
+import jaxops
 import jaxops.hashtable as ht
-from jaxops.ops.hashtable.opdefs import EXPORT_OP as EXPORT
 from tests.hashtable_reference import RefTable
 from tests.op_matrix import OpCase
 
@@ -22,7 +22,7 @@ def _export_inputs(rng):
 
 
 def _export(tables, **attrs):
-    return list(EXPORT(tables, **attrs))
+    return list(jaxops.get_op("EmbeddingHashTableExport")(tables, **attrs))
 
 
 def _export_reference(tables, **attrs):

@@ -1,4 +1,4 @@
-// The hash-table walks (jaxops/ops/hashtable/probe.py) as sequential loops with prefetching.
+// The hash-table walks (jaxops/hashtable/_walks/probe.py) as sequential loops with prefetching.
 //
 // Each handler decides exactly what its xla walk decides (the xla walks are data-parallel
 // rounds that reproduce a sequential loop; here the loop runs as written):

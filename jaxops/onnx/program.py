@@ -1,0 +1,300 @@
+"""Loading an ONNX model into a jittable function, refusing bad models before anything runs.
+
+At load: the graph is checked (``onnx.checker``; every node input defined before use), every
+op must have a handler at a supported opset, external data must lie inside the model's
+folder, and every initializer's declared shape must fit in memory; each refusal is a
+jaxops error naming the node or file. At call: the inputs are checked against the graph's
+declared ranks, static dims and dtypes, and the graph runs on
+:class:`~jaxops.dynamic.Tensor` values (:mod:`jaxops.onnx.interpret`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxops.core.dynarray import DynArray
+from jaxops.core.errors import OpArgumentError, OpDTypeError
+from jaxops.core.memory import refuse_unless_fits
+from jaxops.core.narrowing import check_fits
+from jaxops.dynamic.tensor import Tensor
+from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
+from jaxops.onnx.interpret import run_graph
+from jaxops.onnx.registry import HANDLERS
+
+__all__ = ["OPSETS", "Program", "load", "supported_ops"]
+
+#: Default-domain opsets whose semantics the handlers implement.
+OPSETS = range(1, 29)
+_DOMAINS = ("", "ai.onnx")
+
+
+def supported_ops() -> list[str]:
+    """The ONNX op types :func:`load` runs (default domain).
+
+    >>> {"NonZero", "NonMaxSuppression", "RoiAlign", "If", "Loop"} <= set(supported_ops())
+    True
+    """
+    return sorted(HANDLERS)
+
+
+def _fail(arg: str, expected: str, given: Any, hint: str = "") -> OpArgumentError:
+    return OpArgumentError("jaxops.onnx.load", arg, expected, given, hint)
+
+
+def _read(model: Any) -> tuple[Any, pathlib.Path | None]:
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    path = pathlib.Path(os.fspath(model))
+    if not path.is_file():
+        raise _fail("model", "an onnx.ModelProto or the path of an .onnx file", str(path))
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise _fail("model", "a readable ONNX model", f"{path} ({type(e).__name__}: {e})") from e
+    return proto, path.parent
+
+
+def _external_inside(proto: Any, folder: pathlib.Path | None) -> None:
+    """External data must name a file inside the model's folder (no absolute path, no
+    ``..`` out of it, no link leading out): checked before any byte is read."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    for tensor in _get_all_tensors(proto):
+        if not uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        where = info.get("location", "")
+        if folder is None:
+            raise _fail("model", "external data loaded with the model (pass its path)",
+                        f"tensor {tensor.name!r} stored in {where!r}")
+        base = folder.resolve()
+        target = (base / where).resolve()
+        if os.path.isabs(where) or base not in target.parents:
+            raise _fail("model", f"external data inside the model's folder {str(base)!r}",
+                        f"tensor {tensor.name!r} pointing at {where!r}",
+                        "Move the data file beside the model.")
+
+
+def _check_graph(proto: Any) -> int:
+    import onnx
+
+    opset = None
+    for imp in proto.opset_import:
+        if imp.domain in _DOMAINS:
+            opset = imp.version
+        elif any(n.domain == imp.domain for n in proto.graph.node):
+            raise _fail("model", "ops of the default ONNX domain only",
+                        f"domain {imp.domain!r}")
+    if opset is None or opset not in OPSETS:
+        raise _fail("model", f"default-domain opset in [{OPSETS.start}, {OPSETS.stop - 1}]",
+                    opset)
+    _check_nodes(proto.graph, opset, set())  # first: an op we lack is named as such
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise _fail("model", "a well-formed ONNX graph", f"{type(e).__name__}: {e}") from e
+    return opset
+
+
+def _check_nodes(graph: Any, opset: int, outer: set[str]) -> None:
+    known = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        where = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
+        if node.domain not in _DOMAINS:
+            raise OpArgumentError(where, None, "an op of the default domain",
+                                  f"domain {node.domain!r}")
+        h = HANDLERS.get(node.op_type)
+        if h is None:
+            raise OpArgumentError(where, None, "an op jaxops.onnx supports (one of "
+                                  + ", ".join(sorted(HANDLERS)) + ")", repr(node.op_type))
+        if opset < h.since:
+            raise OpArgumentError(where, None, f"opset >= {h.since} for {node.op_type}", opset)
+        for name in node.input:
+            if name and name not in known:
+                raise OpArgumentError(where, "inputs", "inputs defined before the node",
+                                      f"undefined {name!r}")
+        for a in node.attribute:
+            for g in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
+                _check_nodes(g, opset, known)
+        known.update(o for o in node.output if o)
+    for o in graph.output:
+        if o.name not in known:
+            raise _fail("model", "graph outputs that some node or input defines",
+                        f"undefined {o.name!r}")
+
+
+def _plan(t: Any) -> None:
+    """Refuses an initializer whose declared shape cannot fit in memory, before reading it."""
+    from onnx import helper
+
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
+                       math.prod(t.dims) * np.dtype(dtype).itemsize,
+                       f"the declared {list(t.dims)} {np.dtype(dtype).name} tensor")
+
+
+def _declared(value: Any) -> tuple[int | None, list[int | None], int]:
+    t = value.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] \
+        if t.HasField("shape") else None
+    return t.elem_type, dims, len(dims) if dims is not None else -1
+
+
+class Program:
+    """A loaded ONNX model: call it with the graph inputs (in order, or by name); it returns
+    the graph outputs (or the values named at load) as arrays or DynArrays. Jit it."""
+
+    def __init__(self, proto: Any, folder: pathlib.Path | None, opset: int,
+                 capacities: Mapping[str, int] | None, outputs: Sequence[str] | None,
+                 fill_value: Any):
+        self.proto, self.folder, self.opset = proto, folder, opset
+        self.capacities = dict(capacities or {})
+        init = {t.name for t in proto.graph.initializer}
+        self.input_names = [v.name for v in proto.graph.input if v.name not in init]
+        self.output_names = list(outputs) if outputs else [o.name for o in proto.graph.output]
+        self.fill_value = fill_value
+        self._inits: dict[str, np.ndarray] = {}
+
+    def initializer(self, t: Any) -> np.ndarray:
+        """An initializer (or Constant's tensor) as a host array, its external data read
+        from the model's folder."""
+        from onnx import numpy_helper
+        from onnx.external_data_helper import uses_external_data
+
+        key = t.name
+        if key and key in self._inits:
+            return self._inits[key]
+        if uses_external_data(t):
+            _plan(t)
+            arr = numpy_helper.to_array(t, base_dir=str(self.folder))
+        else:
+            arr = numpy_helper.to_array(t)
+        if key:
+            self._inits[key] = arr
+        return arr
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[jax.Array | DynArray]:
+        env = self._run(args, kwargs)
+        outs = []
+        for name in self.output_names:
+            if name not in env:
+                raise _fail("outputs", "names of values in the graph", repr(name))
+            outs.append(env[name].to_public(self.fill_value))
+        return outs
+
+    def check_inputs(self, *args: Any, **kwargs: Any) -> None:
+        """Refuses, on the host, a 64-bit input that JAX with x64 off would change
+        (:class:`~jaxops.errors.OpDTypeError`). ``jax.jit`` narrows numpy inputs before
+        the program sees them, so call this before a jitted call with host data; an eager
+        call checks by itself."""
+        for name, x in [*zip(self.input_names, args), *kwargs.items()]:
+            if isinstance(x, (np.ndarray, np.generic)):
+                check_fits("jaxops.onnx", name, x)
+
+    def values(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | DynArray]:
+        """Every value of the main graph computed at run time (those known at trace time,
+        such as folded shape arithmetic, are left out), by name: for comparing a model's
+        intermediate results, or measuring its memory plan. Jittable."""
+        env = self._run(args, kwargs)
+        return {o: env[o].to_public(self.fill_value) for n in self.proto.graph.node
+                for o in n.output if o in env and not env[o].concrete}
+
+    def _run(self, args: tuple, kwargs: dict) -> dict:
+        values = dict(zip(self.input_names, args))
+        if len(args) > len(self.input_names):
+            raise _fail("inputs", f"at most {len(self.input_names)} inputs "
+                        f"({self.input_names})", len(args))
+        for k, v in kwargs.items():
+            if k not in self.input_names:
+                raise _fail("inputs", f"an input name among {self.input_names}", repr(k))
+            values[k] = v
+        missing = [n for n in self.input_names if n not in values]
+        if missing:
+            raise _fail("inputs", f"every graph input {self.input_names}", f"none for {missing}")
+        env = {}
+        declared = {v.name: v for v in self.proto.graph.input}
+        for name, v in values.items():
+            env[name] = self._input(name, declared[name], v)
+        return run_graph_env(self, env)
+
+    def _input(self, name: str, value: Any, x: Any) -> Tensor:
+        from onnx import helper
+
+        t = Tensor.of(x if isinstance(x, (DynArray, jax.Array, np.ndarray)) else np.asarray(x))
+        elem, dims, rank = _declared(value)
+        if elem:
+            want = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+            if np.dtype(jax.dtypes.canonicalize_dtype(want)) != \
+                    np.dtype(jax.dtypes.canonicalize_dtype(t.dtype)):
+                raise OpDTypeError("jaxops.onnx", name, f"dtype {want.name}", t.dtype.name)
+        if rank >= 0:
+            if rank != t.ndim or any(d is not None and d != m for d, m in zip(dims, t.shape)):
+                raise _fail(name, f"shape {[d if d is not None else '?' for d in dims]}",
+                            list(t.shape))
+        if isinstance(t.data, np.ndarray):  # a host value stays known (checked now)
+            check_fits("jaxops.onnx", name, t.data)
+        return t
+
+
+def run_graph_env(program: Program, env: dict) -> dict:
+    run_graph(program.proto.graph, env, program.opset, program)
+    return env
+
+
+def load(model: Any, *, capacities: Mapping[str, int] | None = None,
+         outputs: Sequence[str] | None = None, fill_value: Any = 0) -> Program:
+    """An ONNX model as a jittable JAX function in which every tensor has a dual shape.
+
+    Args:
+      model: an ``onnx.ModelProto`` or the path of an ``.onnx`` file (external data is
+        read from the model's folder, and must lie inside it).
+      capacities: optional capacities of data-dependent outputs, by output name (or node
+        name): ``NonZero``'s, ``Compress``'s, ``Unique``'s or ``NonMaxSuppression``'s
+        ``size=``. A capacity below the bound may overflow: the outputs downstream then
+        say so in their ``true_shape`` (``overflowed()``), never silently.
+      outputs: the names of the values to return (default: the graph outputs); any value
+        of the graph may be named, e.g. to compare intermediate results.
+      fill_value: what the padding of returned DynArrays holds.
+
+    Returns:
+      A :class:`Program`: ``program(*inputs)`` or ``program(name=array)`` returns a list
+      with one ``jax.Array`` (static shape) or :class:`~jaxops.DynArray` per output. Under
+      ``jax.jit`` every input of the same shapes shares one compile, whatever the data.
+
+    Raises:
+      OpArgumentError: a malformed graph, an op (or opset) without a handler (the error
+        names the node and lists the supported ops), external data outside the model's
+        folder; ``ResourceRequestError`` (a subclass) for a tensor whose declared or
+        inferred max shape cannot fit in memory, before anything is allocated.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jaxops, jaxops.onnx
+      >>> from onnx import helper, TensorProto as T
+      >>> g = helper.make_graph(
+      ...     [helper.make_node("NonZero", ["x"], ["i"]),
+      ...      helper.make_node("Transpose", ["i"], ["t"]),
+      ...      helper.make_node("GatherND", ["x", "t"], ["y"]),
+      ...      helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0)], "g",
+      ...     [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+      ...     [helper.make_tensor_value_info("y", T.FLOAT, ["n"]),
+      ...      helper.make_tensor_value_info("s", T.FLOAT, [])])
+      >>> fn = jaxops.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+      >>> y, s = jax.jit(fn)(jnp.array([[0.0, 2.0, 0.0], [3.0, 0.0, 4.0]]))
+      >>> jaxops.refresh(y).tolist(), float(s)
+      ([2.0, 3.0, 4.0], 9.0)
+    """
+    proto, folder = _read(model)
+    _external_inside(proto, folder)
+    for t in proto.graph.initializer:
+        _plan(t)
+    opset = _check_graph(proto)
+    return Program(proto, folder, opset, capacities, outputs, fill_value)

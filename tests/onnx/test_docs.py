@@ -1,0 +1,29 @@
+"""docs/onnx.md's examples run as printed."""
+
+import doctest
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("onnx")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGE = (ROOT / "docs" / "onnx.md").read_text()
+
+
+def test_the_first_example_prints_what_it_says():
+    script = re.findall(r"^```python\n(.*?)^```", PAGE, re.S | re.M)[0]
+    expected = [line[2:] for line in script.splitlines() if line.startswith("# (")]
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == expected
+
+
+def test_the_sessions_print_what_they_say():
+    test = doctest.DocTestParser().get_doctest(PAGE, {}, "docs/onnx.md", "docs/onnx.md", 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    runner.run(test)
+    assert runner.failures == 0
