@@ -180,6 +180,11 @@ def test_onnx_nms_many_boxes_native_equals_xla():
         for limit, iou in [(20, 0.3), (700, 0.5)]:
             _same(functools.partial(op, max_output_boxes_per_class=limit, iou_threshold=iou),
                   boxes, scores)
+        # a score threshold: the candidates are gathered in element order and ordered by a
+        # radix sort (over 1,000 of them: wide digits; a few hundred: 8-bit digits)
+        for st in (0.1, 0.9):
+            _same(functools.partial(op, max_output_boxes_per_class=3000, iou_threshold=0.5,
+                                    score_threshold=st), boxes, scores)
 
 
 def test_batched_nms_native_equals_xla():

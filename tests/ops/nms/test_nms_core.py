@@ -87,7 +87,7 @@ def test_candidate_cut_keeps_the_best_by_score():
     passing = scores > 0.3
     passing[2] = False
     keys = priority_keys(jnp.asarray(scores))
-    c = select(keys, jnp.asarray(passing), 64)
+    c = select(lambda: keys, jnp.asarray(passing), 64)
     for i in range(3):
         want = np.sort(_np_priority(scores[i], passing[i])[:min(64, passing[i].sum())])
         got = np.asarray(c.flat[i])[np.asarray(c.valid[i])]
