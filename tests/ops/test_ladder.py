@@ -19,8 +19,8 @@ import pytest
 import jaxops
 from jaxops import DynArray, native
 from jaxops.ops import ladder
-from tests.cases.nms import random_boxes, random_scores, ref_non_max_suppression
-from tests.util import CompileCounter, expected_truncation, seed_of
+from tests.helpers.cases.nms import random_boxes, random_scores, ref_non_max_suppression
+from tests.helpers.util import CompileCounter, expected_truncation, seed_of
 
 FINE = {"smallest": 4, "factor": 4}  # tiers 4, 16, 64, ...: small inputs climb several
 OFF = {"enabled": False}
