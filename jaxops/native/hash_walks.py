@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxops.core.walk_table import register_walk
 
-__all__ = ["find_rows", "find_slots", "first_occurrences", "gather_rows", "place_new_keys",
-           "register"]
+__all__ = ["fill", "find_rows", "find_slots", "first_occurrences", "gather_rows",
+           "place_new_keys", "put_rows", "register", "take_rows"]
 
 i32, u8 = jnp.int32, jnp.uint8
 
@@ -84,7 +84,27 @@ def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value, limit):
     return rows, slots
 
 
+def take_rows(a, slots):
+    """``a[slots]`` along axis 0 (any dtype; rows of slots outside ``[0, len(a))`` are
+    zeros), each row read with a prefetch ahead (``src/rows.cc``)."""
+    return _call("jaxops_take_rows", [((slots.shape[0], *a.shape[1:]), a.dtype)], a, slots)[0]
+
+
+def put_rows(a, slots, rows):
+    """``a`` with ``a[slots[i]] = rows[i]`` for the slots in range (distinct), in place
+    (``a`` is aliased to the result)."""
+    return _call("jaxops_put_rows", [(a.shape, a.dtype)], a, slots, rows.astype(a.dtype),
+                 aliases={0: 0})[0]
+
+
+def fill(shape, dtype, value):
+    """A new array of ``shape`` filled with ``value``, its pages advised huge before the
+    first write (a table's arrays, read at random rows for the table's whole life)."""
+    return _call("jaxops_fill_huge", [(tuple(shape), dtype)], jnp.asarray(value, dtype))[0]
+
+
 def register() -> None:
     """Registers each walk as the ``native`` backend's in the core's walk table."""
-    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows):
+    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows,
+                 take_rows, put_rows, fill):
         register_walk(walk.__name__, "native", walk)

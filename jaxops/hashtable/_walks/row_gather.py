@@ -19,7 +19,8 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.walk_table import walk_kernel
 
-__all__ = ["SLOTS", "check_slots", "gather_rows", "probed_rows"]
+__all__ = ["SLOTS", "check_slots", "gather_rows", "probed_rows", "put_rows",
+           "take_rows"]
 
 SLOTS = "an integer array of slots (e.g. lookup_or_insert's info.slots; -1 = absent)"
 
@@ -33,6 +34,27 @@ def gather_rows(values: jax.Array, slots: jax.Array, default_value: float = 0.0)
     duplicate slots accumulate.
     """
     return _gather(values, slots, default_value)
+
+
+def take_rows(a: jax.Array, at: jax.Array) -> jax.Array:
+    """``a[at]`` along axis 0 for int32 slots ``at`` in range (a per-slot array of a table:
+    keys, counters, rows, optimizer state). Where the walks take the native path, a C++
+    loop copies the rows with prefetches ahead (XLA's gather, fused into its consumers,
+    stalls on every random row of a table larger than the caches); the same values."""
+    native = walk_kernel("take_rows")
+    if native is not None and at.ndim == 1 and at.dtype == jnp.int32:
+        return native(a, at)
+    return a.at[at].get(mode="promise_in_bounds", indices_are_sorted=False)
+
+
+def put_rows(a: jax.Array, at: jax.Array, rows: jax.Array) -> jax.Array:
+    """``a`` with ``a[at[i]] = rows[i]`` where ``at[i]`` is in range (distinct slots; an
+    index past the end writes nothing), updated in place where ``a`` is donated (the native
+    path: a C++ loop with prefetches; the xla path: XLA's scatter)."""
+    native = walk_kernel("put_rows")
+    if native is not None and at.ndim == 1 and at.dtype == jnp.int32:
+        return native(a, at, rows)
+    return a.at[at].set(rows.astype(a.dtype), mode="drop", unique_indices=True)
 
 
 def check_slots(slots: np.ndarray, rows: int) -> None:
