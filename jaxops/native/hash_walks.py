@@ -84,17 +84,21 @@ def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value, limit):
     return rows, slots
 
 
-def take_rows(a, slots):
-    """``a[slots]`` along axis 0 (any dtype; rows of slots outside ``[0, len(a))`` are
-    zeros), each row read with a prefetch ahead (``src/rows.cc``)."""
-    return _call("jaxops_take_rows", [((slots.shape[0], *a.shape[1:]), a.dtype)], a, slots)[0]
+def take_rows(arrays, slots):
+    """``[a[slots] for a in arrays]`` along axis 0 (any dtypes, one length; rows of slots
+    outside ``[0, len)`` are zeros) in one pass, each lane's rows of every array requested
+    together, a prefetch ahead (``src/rows.cc``)."""
+    shapes = [((slots.shape[0], *a.shape[1:]), a.dtype) for a in arrays]
+    return _call("jaxops_take_rows", shapes, slots, *arrays)
 
 
-def put_rows(a, slots, rows):
-    """``a`` with ``a[slots[i]] = rows[i]`` for the slots in range (distinct), in place
-    (``a`` is aliased to the result)."""
-    return _call("jaxops_put_rows", [(a.shape, a.dtype)], a, slots, rows.astype(a.dtype),
-                 aliases={0: 0})[0]
+def put_rows(arrays, slots, rows):
+    """``[a.at[slots].set(r) for a, r in zip(arrays, rows)]`` for the slots in range
+    (distinct), in place in one pass (each array is aliased to its result)."""
+    k = len(arrays)
+    return _call("jaxops_put_rows", [(a.shape, a.dtype) for a in arrays], slots, *arrays,
+                 *(r.astype(a.dtype) for a, r in zip(arrays, rows)),
+                 aliases={1 + j: j for j in range(k)})
 
 
 def fill(shape, dtype, value):

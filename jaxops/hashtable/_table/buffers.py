@@ -44,5 +44,5 @@ def copied(a: jax.Array) -> jax.Array:
     on the native path in huge pages, as :func:`filled`."""
     native = walk_kernel("take_rows")
     if native is not None and a.ndim >= 1 and a.size * a.dtype.itemsize >= _HUGE_FROM:
-        return native(a, jnp.arange(a.shape[0], dtype=jnp.int32))
+        return native([a], jnp.arange(a.shape[0], dtype=jnp.int32))[0]
     return jnp.array(a, copy=True)

@@ -39,10 +39,10 @@ from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._walks.batch import set_rows
 from jaxops.hashtable._walks.probe import take
 from jaxops.hashtable._table.buffers import copied
-from jaxops.hashtable._walks.row_gather import take_rows
+from jaxops.hashtable._walks.row_gather import put_each, take_each, take_rows
 
-__all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "record_owners",
-           "reset_rows", "slot_owners"]
+__all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "owners_changed",
+           "record_owners", "reset_rows", "slot_owners"]
 
 
 class SlotOwner(NamedTuple):
@@ -73,17 +73,22 @@ def changed_hands(owner: SlotOwner, table: HashTable, read: jax.Array
     """For in-range slots ``read`` ``[K]``: whether each slot's key or epoch differs from
     the owner of its state rows (bool ``[K]``), and the slots' owners now (to record with
     :func:`record_owners`)."""
-    read = read.astype(jnp.int32)
-    now = SlotOwner(take_rows(table.key_lo, read), take_rows(table.key_hi, read),
-                    take_rows(table.epoch, read))
-    return ((take_rows(owner.lo, read) != now.lo) | (take_rows(owner.hi, read) != now.hi)
-            | (take_rows(owner.epoch, read) != now.epoch)), now
+    return owners_changed(take_each([*owner, table.key_lo, table.key_hi, table.epoch], read))
+
+
+def owners_changed(rows: list[jax.Array]) -> tuple[jax.Array, SlotOwner]:
+    """:func:`changed_hands` from the rows of ``[*owner, key_lo, key_hi, epoch]`` at the
+    slots, read by the caller (with other rows of the same slots, in one pass)."""
+    was, now = SlotOwner(*rows[:3]), SlotOwner(*rows[3:6])
+    return (was.lo != now.lo) | (was.hi != now.hi) | (was.epoch != now.epoch), now
 
 
 def record_owners(owner: SlotOwner, at: jax.Array, now: SlotOwner, write: jax.Array
                   ) -> SlotOwner:
-    """``owner`` with ``now`` recorded at slots ``at`` where ``write`` (distinct slots)."""
-    return SlotOwner(*(set_rows(o, at, n, write) for o, n in zip(owner, now)))
+    """``owner`` with ``now`` recorded at slots ``at`` where ``write`` (distinct slots; one
+    pass for the three words)."""
+    where = jnp.where(write, at, owner.lo.shape[0])
+    return SlotOwner(*put_each(list(owner), where, list(now)))
 
 
 def move_state_rows(old: Any, fresh: Any, table: HashTable, slot: jax.Array) -> Any:

@@ -1,11 +1,13 @@
 // Row moves of the hash tables' big per-slot arrays (jaxops/native/table_rows.py): the
 // random reads and writes a training step makes into tables larger than the caches.
 //
-//   JaxopsTakeRows  out[i] = table[slots[i]] for every slot in [0, rows); zeros elsewhere;
-//   JaxopsPutRows   table[slots[i]] = rows[i] for every slot in [0, rows) (others: no
-//                   write), in place: the table is aliased to the output, so with the
-//                   table donated nothing of its size is copied; the slots written are
-//                   distinct (the callers' contract, as XLA's unique_indices scatter);
+//   JaxopsTakeRows  out_j[i] = table_j[slots[i]] for every slot in [0, rows), zeros
+//                   elsewhere, for k tables of one length in one pass;
+//   JaxopsPutRows   table_j[slots[i]] = rows_j[i] for every slot in [0, rows) (others: no
+//                   write), in place for k tables in one pass: each table is aliased to its
+//                   output, so with the tables donated nothing of their size is copied; the
+//                   slots written are distinct (the callers' contract, as XLA's
+//                   unique_indices scatter);
 //   JaxopsFillHuge  a fresh array filled with one value, its pages advised huge first.
 //
 // Any element type: a row is `row_bytes` bytes (the product of the trailing dimensions
@@ -21,6 +23,7 @@
 // (transparent huge pages in "madvise" mode, the common default), once, at creation.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common.h"
 #include "parallel.h"
@@ -50,57 +53,100 @@ inline void copy_row(char* to, const char* from, int64_t bytes) {
   }
 }
 
-ffi::Error TakeRows(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> slots,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
-  const int64_t n = slots.element_count(), rb = row_bytes_of(table);
-  const auto tdims = table.dimensions();
-  const int64_t rows = tdims.size() == 0 ? 1 : tdims[0];
-  if (out->element_type() != table.element_type() ||
-      static_cast<int64_t>(out->size_bytes()) != n * rb)
-    return bad("TakeRows: out [N, ...] of the table's row shape and dtype expected");
-  const char* t = static_cast<const char*>(table.untyped_data());
+// The tables (k of them, all with `rows` rows) of a variadic call, and their row widths.
+struct Tables {
+  std::vector<const char*> from;
+  std::vector<char*> to;
+  std::vector<int64_t> bytes;
+};
+
+ffi::Error TakeRows(ffi::Buffer<ffi::S32> slots, ffi::RemainingArgs tables,
+                    ffi::RemainingRets outs, ffi::ThreadPool pool) {
+  const int64_t n = slots.element_count(), k = static_cast<int64_t>(tables.size());
+  if (static_cast<int64_t>(outs.size()) != k || k == 0)
+    return bad("TakeRows: one output per table expected");
+  Tables t;
+  int64_t rows = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    auto table = tables.get<ffi::AnyBuffer>(j);
+    auto out = outs.get<ffi::AnyBuffer>(j);
+    if (!table.has_value() || !out.has_value()) return bad("TakeRows: buffers expected");
+    const auto dims = table->dimensions();
+    const int64_t r = dims.size() == 0 ? 1 : dims[0], rb = row_bytes_of(*table);
+    if ((rows >= 0 && r != rows) || (*out)->element_type() != table->element_type() ||
+        static_cast<int64_t>((*out)->size_bytes()) != n * rb)
+      return bad("TakeRows: tables of one length, outputs [N, ...] of their row shapes");
+    rows = r;
+    t.from.push_back(static_cast<const char*>(table->untyped_data()));
+    t.to.push_back(static_cast<char*>((*out)->untyped_data()));
+    t.bytes.push_back(rb);
+    advise_huge_pages(t.to.back(), (*out)->size_bytes());  // a large take: a copy (copied())
+  }
   const int32_t* s = slots.typed_data();
-  char* o = static_cast<char*>(out->untyped_data());
-  advise_huge_pages(o, out->size_bytes());  // a large take is a table's copy (copied())
+  // One pass for every table: their rows of a lane are requested together, so the misses
+  // of k tables overlap (k passes would wait for each table's misses in turn).
   parallel_for(pool, n, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + kRowsAhead < end) {
         const int32_t a = s[i + kRowsAhead];
-        if (a >= 0 && a < rows) __builtin_prefetch(t + a * rb, 0, 0);
+        if (a >= 0 && a < rows)
+          for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.from[j] + a * t.bytes[j], 0, 0);
       }
       const int32_t at = s[i];
-      if (at >= 0 && at < rows)
-        copy_row(o + i * rb, t + int64_t{at} * rb, rb);
-      else
-        std::memset(o + i * rb, 0, rb);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t rb = t.bytes[j];
+        if (at >= 0 && at < rows)
+          copy_row(t.to[j] + i * rb, t.from[j] + int64_t{at} * rb, rb);
+        else
+          std::memset(t.to[j] + i * rb, 0, rb);
+      }
     }
   });
   return ffi::Error::Success();
 }
 
-ffi::Error PutRows(ffi::AnyBuffer table_in, ffi::Buffer<ffi::S32> slots, ffi::AnyBuffer rows_in,
-                   ffi::Result<ffi::AnyBuffer> table, ffi::ThreadPool pool) {
-  const int64_t n = slots.element_count(), rb = row_bytes_of(table_in);
-  const auto tdims = table_in.dimensions();
-  const int64_t rows = tdims.size() == 0 ? 1 : tdims[0];
-  if (table->size_bytes() != table_in.size_bytes() ||
-      rows_in.element_type() != table_in.element_type() ||
-      static_cast<int64_t>(rows_in.size_bytes()) != n * rb)
-    return bad("PutRows: rows [N, ...] of the table's row shape and dtype expected");
-  char* t = static_cast<char*>(table->untyped_data());
-  if (table_in.untyped_data() != t)  // not aliased (XLA could not donate): work on a copy
-    std::memcpy(t, table_in.untyped_data(), table_in.size_bytes());
+// args: slots, then k tables, then k row arrays; results: the k tables (aliased).
+ffi::Error PutRows(ffi::Buffer<ffi::S32> slots, ffi::RemainingArgs args, ffi::RemainingRets outs,
+                   ffi::ThreadPool pool) {
+  const int64_t n = slots.element_count(), k = static_cast<int64_t>(outs.size());
+  if (static_cast<int64_t>(args.size()) != 2 * k || k == 0)
+    return bad("PutRows: k tables and k row arrays expected");
+  Tables t;
+  std::vector<const char*> from_rows;
+  int64_t rows = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    auto table_in = args.get<ffi::AnyBuffer>(j);
+    auto rows_in = args.get<ffi::AnyBuffer>(k + j);
+    auto table = outs.get<ffi::AnyBuffer>(j);
+    if (!table_in.has_value() || !rows_in.has_value() || !table.has_value())
+      return bad("PutRows: buffers expected");
+    const auto dims = table_in->dimensions();
+    const int64_t r = dims.size() == 0 ? 1 : dims[0], rb = row_bytes_of(*table_in);
+    if ((rows >= 0 && r != rows) || (*table)->size_bytes() != table_in->size_bytes() ||
+        rows_in->element_type() != table_in->element_type() ||
+        static_cast<int64_t>(rows_in->size_bytes()) != n * rb)
+      return bad("PutRows: tables of one length, rows [N, ...] of their row shapes and dtypes");
+    rows = r;
+    char* to = static_cast<char*>((*table)->untyped_data());
+    if (table_in->untyped_data() != to)  // not aliased (XLA could not donate): a copy
+      std::memcpy(to, table_in->untyped_data(), table_in->size_bytes());
+    t.to.push_back(to);
+    t.bytes.push_back(rb);
+    from_rows.push_back(static_cast<const char*>(rows_in->untyped_data()));
+  }
   const int32_t* s = slots.typed_data();
-  const char* r = static_cast<const char*>(rows_in.untyped_data());
   // Distinct slots: the parts write disjoint rows, so splitting changes nothing.
   parallel_for(pool, n, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + kRowsAhead < end) {
         const int32_t a = s[i + kRowsAhead];
-        if (a >= 0 && a < rows) __builtin_prefetch(t + a * rb, 1, 0);
+        if (a >= 0 && a < rows)
+          for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.to[j] + a * t.bytes[j], 1, 0);
       }
       const int32_t at = s[i];
-      if (at >= 0 && at < rows) copy_row(t + int64_t{at} * rb, r + i * rb, rb);
+      if (at < 0 || at >= rows) continue;
+      for (int64_t j = 0; j < k; ++j)
+        copy_row(t.to[j] + int64_t{at} * t.bytes[j], from_rows[j] + i * t.bytes[j], t.bytes[j]);
     }
   });
   return ffi::Error::Success();
@@ -132,17 +178,16 @@ ffi::Error FillHuge(ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> out, ffi::
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsTakeRows, jaxops::TakeRows,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
                                   .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsPutRows, jaxops::PutRows,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
                                   .Ctx<xla::ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxopsFillHuge, jaxops::FillHuge,
