@@ -203,13 +203,14 @@ def _table_sized_producers(jaxpr, size):
 
 @pytest.mark.parametrize("name", ["adam", "ftrl", "rowwise_adagrad", "from_optax_momentum"])
 def test_update_makes_no_table_sized_temporaries(name):
-    """O(batch): the only [bucket_size] results are the scatters into the table and state."""
+    """O(batch): the only [bucket_size] results are the scatters into the table and state
+    (on the native path ``ffi_call``: its in-place row writes, ``put_rows``)."""
     size = 1009
     t = ht.init_table(size, DIM, initializer_mode="constant", constant_value=0.0)
     opt = CASES[name][0]()
     state = opt.init(t)
     jaxpr = jax.make_jaxpr(opt.update)(t, state, jnp.zeros(7, jnp.int32), jnp.ones((7, DIM)))
-    assert _table_sized_producers(jaxpr.jaxpr, size) <= {"scatter", "pjit", "jit"}
+    assert _table_sized_producers(jaxpr.jaxpr, size) <= {"scatter", "pjit", "jit", "ffi_call"}
 
 
 def test_sum_by_slot_matches_numpy():
