@@ -12,6 +12,9 @@ import struct
 import numpy as np
 
 VALID, FILTER, EXPORT, EVICTED = 0x1, 0x2, 0x4, 0x8
+#: A key's window: the slots from its home slot on (wrapping past the table's end) in which
+#: it may lie, HierarchicalKV's bucket size. Written here from the design, not imported.
+WINDOW = 128
 _M32 = 0xFFFFFFFF
 
 
@@ -62,11 +65,12 @@ class RefTable:
     def probe(self, key: int) -> tuple[str, int]:
         """('hit', slot) for the key (live or its tombstone); ('new', slot) for an absent key:
         the first reusable slot (empty, or another key's tombstone) on its walk, which goes
-        on to the first empty slot to prove the key absent; ('full', -1) when no slot is
-        reusable. At most size probes."""
+        on to the first empty slot to prove the key absent; ('full', -1) when no slot of its
+        window is reusable. The walk reads the key's window only: ``min(WINDOW, size)``
+        slots from its home slot, wrapping past the table's end."""
         home = key_hash(key) % self.size
         reuse = -1
-        for d in range(self.size):
+        for d in range(min(WINDOW, self.size)):
             s = (home + d) % self.size
             if self.flags[s] == 0:
                 return "new", s if reuse < 0 else reuse

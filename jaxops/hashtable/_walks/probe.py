@@ -62,7 +62,7 @@ WINDOW = 8  # slots a key reads per round of find_slots
 #: table; a key that finds no free slot within it is not placed and is counted
 #: (``info.unplaced``, ``table.dropped``). At the default load limit (0.9) linear probing's
 #: runs reach this length with a probability far below one in a billion inserts.
-PROBE_LIMIT = 4096
+PROBE_LIMIT = 128
 
 
 def probe_limit(bucket_size: int) -> int:
