@@ -139,39 +139,66 @@ void home_slots(const uint32_t* lo, const uint32_t* hi, int64_t n, uint32_t size
 
 inline int64_t wrap(int64_t s, int64_t size) { return s >= size ? s - size : s; }
 
-// The live slot of key (lo, hi) walking from `home` (-1: absent, or a tombstone holds it):
-// the first slot that is empty or holds the key decides, within `limit` slots (the probe
-// bound: no key lies farther from its home). The first four slots are tested at once
-// (SSE2: no branch per slot, most walks end there); longer walks go on one by one.
+// One key's walk from `home`, at most `limit` slots (the key's window: no key lies
+// farther from its home): the first slot that is empty or holds the key (lo, hi) stops it.
+// Returns the slots passed before the stop (`limit`: nothing stopped it); *slot is the
+// stopping slot where it holds the key (its tombstone too), else -1; with `reuse`, *reuse is
+// the distance of the first tombstone (EVICTED) passed before the stop, untouched if none.
+// Sixteen slots are tested at once (SSE2) wherever they lie before the table's end and
+// within the limit: their flag bytes in one load, the low key words only up to the first
+// empty slot, four at a time, and the high word only where the low one matched. So a walk
+// through a full window reads it in eight steps and a short walk reads what it did before.
+inline int64_t walk_key(const uint32_t* klo, const uint32_t* khi, const uint8_t* fl,
+                        int64_t size, int64_t limit, int64_t home, uint32_t lo, uint32_t hi,
+                        int32_t* slot, int32_t* reuse = nullptr) {
+  *slot = -1;
+  int64_t d = 0;
+  while (d < limit) {
+    const int64_t s = wrap(home + d, size);
+#if defined(__x86_64__)
+    if (s + 16 <= size && d + 16 <= limit) {
+      const __m128i f = _mm_loadu_si128(reinterpret_cast<const __m128i*>(fl + s));
+      const uint32_t empty = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(f, _mm_setzero_si128())));
+      const int upto = empty ? __builtin_ctz(empty) : 16;  // slots before the first empty one
+      const __m128i want = _mm_set1_epi32(static_cast<int>(lo));
+      uint32_t match = 0;
+      for (int q = 0; 4 * q < upto; ++q)
+        match |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + s + 4 * q)), want))))
+                 << (4 * q);
+      match &= (1u << upto) - 1;
+      while (match && khi[s + __builtin_ctz(match)] != hi) match &= match - 1;
+      const int at = match ? __builtin_ctz(match) : upto;  // the stop (16: none here)
+      if (reuse != nullptr && *reuse < 0) {
+        const __m128i ev = _mm_set1_epi8(static_cast<char>(kEvicted));
+        const uint32_t tomb = static_cast<uint32_t>(_mm_movemask_epi8(
+                                  _mm_cmpeq_epi8(_mm_and_si128(f, ev), ev))) & ((1u << at) - 1);
+        if (tomb) *reuse = static_cast<int32_t>(d + __builtin_ctz(tomb));
+      }
+      if (match) *slot = static_cast<int32_t>(s + at);
+      if (at < 16) return d + at;
+      d += 16;
+      continue;
+    }
+#endif
+    const uint8_t f = fl[s];
+    if (f == 0) return d;  // empty: the key is absent
+    if (klo[s] == lo && khi[s] == hi) {
+      *slot = static_cast<int32_t>(s);
+      return d;
+    }
+    if ((f & kEvicted) && reuse != nullptr && *reuse < 0) *reuse = static_cast<int32_t>(d);
+    ++d;
+  }
+  return d;
+}
+
+// The live slot of key (lo, hi) walking from `home` (-1: absent, or a tombstone holds it).
 inline int32_t live_slot(const uint32_t* klo, const uint32_t* khi, const uint8_t* fl,
                          int64_t size, int64_t limit, int64_t home, uint32_t lo, uint32_t hi) {
-  int64_t d = 0;
-#if defined(__x86_64__)
-  if (home + 4 <= size && limit >= 4) {
-    const __m128i match = _mm_and_si128(
-        _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + home)),
-                        _mm_set1_epi32(static_cast<int>(lo))),
-        _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(khi + home)),
-                        _mm_set1_epi32(static_cast<int>(hi))));
-    int32_t f4;
-    std::memcpy(&f4, fl + home, 4);
-    const int empty = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_cvtsi32_si128(f4), _mm_setzero_si128())) & 0xF;
-    const int either = _mm_movemask_ps(_mm_castsi128_ps(match)) | empty;
-    if (either != 0) {
-      const int at = __builtin_ctz(either);
-      const int64_t s = home + at;
-      return ((empty >> at) & 1) || (fl[s] & kEvicted) ? -1 : static_cast<int32_t>(s);
-    }
-    d = 4;
-  }
-#endif
-  for (; d < limit; ++d) {
-    const int64_t s = wrap(home + d, size);
-    const uint8_t f = fl[s];
-    if (f == 0) return -1;  // empty: absent
-    if (klo[s] == lo && khi[s] == hi) return (f & kEvicted) ? -1 : static_cast<int32_t>(s);
-  }
-  return -1;
+  int32_t s;
+  walk_key(klo, khi, fl, size, limit, home, lo, hi, &s);
+  return s >= 0 && !(fl[s] & kEvicted) ? s : -1;
 }
 
 // A batch's keys, bucketed by the region of the table their home slot falls in.
@@ -346,24 +373,13 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
     for (int64_t i = begin; i < end; ++i) {
       const int64_t home = ring[i % kAhead];
       if (i + kAhead < end) ask(i + kAhead);
-      int32_t s_out = -1, d_out = 0, r_out = static_cast<int32_t>(size);
+      int32_t s_out = -1, d_out = 0, r_out = -1;
       uint8_t f_out = 0;
       if (on[i]) {
-        const uint32_t want_lo = ql[i], want_hi = qh[i];
-        int64_t d = 0;
-        for (; d < limit; ++d) {
-          const int64_t s = wrap(home + d, size);
-          const uint8_t f = fl[s];
-          if (f == 0) break;  // empty: the key is absent
-          if (klo[s] == want_lo && khi[s] == want_hi) {
-            s_out = static_cast<int32_t>(s);
-            f_out = f;
-            break;
-          }
-          if ((f & kEvicted) && r_out == size) r_out = static_cast<int32_t>(d);
-        }
-        d_out = static_cast<int32_t>(d);
+        d_out = static_cast<int32_t>(walk_key(klo, khi, fl, size, limit, home, ql[i], qh[i], &s_out, &r_out));
+        if (s_out >= 0) f_out = fl[s_out];
       }
+      if (r_out < 0) r_out = static_cast<int32_t>(size);
       out_slot[i] = s_out;
       out_dist[i] = d_out;
       out_flags[i] = f_out;
