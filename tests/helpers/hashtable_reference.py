@@ -14,7 +14,7 @@ import numpy as np
 VALID, FILTER, EXPORT, EVICTED = 0x1, 0x2, 0x4, 0x8
 #: A key's window: the slots from its home slot on (wrapping past the table's end) in which
 #: it may lie, HierarchicalKV's bucket size. Written here from the design, not imported.
-WINDOW = 128
+WINDOW = 256
 _M32 = 0xFFFFFFFF
 
 

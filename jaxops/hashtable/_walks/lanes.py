@@ -40,7 +40,7 @@ def capacities(n: int, shrink: int = 4, min_lanes: int = 512) -> list[int]:
 
 
 def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 4,
-          min_lanes: int = 512, peel: bool = False) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
+          min_lanes: int = 512, peel: bool | Step = False) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
     """Runs ``step(lanes, active, carry) -> (lanes, active, carry)`` until no lane is active.
 
     ``lanes`` is a dict of arrays with one leading entry per lane. A lane never becomes
@@ -52,7 +52,8 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
     Args:
         peel: run the first step outside any loop (one fused pass over the batch); the
             first stage's loop then runs only while too many lanes are still active, so when
-            one step settles almost every lane the full-width loop never iterates.
+            one step settles almost every lane the full-width loop never iterates. A step
+            function given here runs as that first step instead of ``step``.
 
     Returns:
         ``(carry, stages)``: ``stages`` holds, per stage, the lanes as they were when the
@@ -70,7 +71,7 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
 
         state = (lanes, active, carry)
         if k == 0 and peel:
-            state = step(*state)  # the loop below checks ``more`` before its first step
+            state = (step if peel is True else peel)(*state)  # the loop below checks ``more`` before its first step
         lanes, active, carry = while_loop(more, lambda s: step(*s), state)
         stages.append((lanes, entered & ~active))
         if nxt:

@@ -1,14 +1,15 @@
 """The three parallel walks every table operation is built from.
 
 - :func:`find_slots`: each key walks linear probing from its home slot until it meets its
-  key or an empty slot (at most ``bucket_size`` probes); tombstones (EVICTED) of other keys
-  are walked past, so a key is proved absent only at an empty slot.
+  key, an empty slot or the end of its window (:data:`PROBE_LIMIT` slots, fewer in a
+  smaller table); tombstones (EVICTED) of other keys are walked past, so a key is proved
+  absent at an empty slot or its window's end.
 - :func:`first_occurrences`: in-batch deduplication; every key learns the index of the
   first occurrence of the same key in the batch.
 - :func:`place_new_keys`: inserts distinct absent keys so that the table is exactly the one
   a sequential loop inserting them **in ascending index order** would build.
 
-The sequential loop: key ``k`` walks its probe sequence to its own key (live, or its own
+The sequential loop: key ``k`` walks its window to its own key (live, or its own
 tombstone, which it revives in place) or, proved absent, takes the **first reusable slot**
 on that walk — an empty slot or another key's tombstone (tombstone reuse is beyond CANN,
 where a tombstone is reusable only by its own key and evicted slots are never reclaimed).
@@ -22,8 +23,8 @@ key reviving its own tombstone proposes only there first; if a lower index takes
 tombstone (in the loop that key came first and reused it), the key is absent by its turn
 and walks from the first reusable slot its probe met. When nothing moves any more, every
 key sits at the first slot of its sequence not taken by a lower index — which, by induction
-over the indices, is exactly where the sequential loop puts it. A key that walked all
-``bucket_size`` slots without a place is reported unplaced (the table is full for it).
+over the indices, is exactly where the sequential loop puts it. A key that walked its whole
+window without a place is reported unplaced (the table is full for it).
 
 >>> import jax.numpy as jnp
 >>> flags = jnp.array([0, 1, 0, 0], jnp.uint8)   # slot 1 is in use
@@ -56,18 +57,24 @@ _NOBODY = np.int32(np.iinfo(np.int32).max)  # holder of a slot no pending key ho
 _NOBODY_WORD = np.uint32(_NOBODY)
 #: Flag bit of a slot held by a key being placed; it never outlives one operation.
 PENDING = np.uint8(0x80)
-WINDOW = 8  # slots a key reads per round of find_slots
-#: The probe bound: no key is placed farther than this from its home slot, so no walk goes
-#: farther. A full table then costs a batch ``O(batch * PROBE_LIMIT)``, not a walk over the
-#: table; a key that finds no free slot within it is not placed and is counted
-#: (``info.unplaced``, ``table.dropped``). At the default load limit (0.9) linear probing's
-#: runs reach this length with a probability far below one in a billion inserts.
-PROBE_LIMIT = 128
+WINDOW = 8  # slots a key reads in the first round of find_slots
+WIDE_WINDOW = 32  # slots a key reads per later round at the batch's full width
+#: A key's window, as HierarchicalKV's bucket: the slots from the key's home slot on
+#: (wrapping past the table's end, CANN's linear probing). A key is placed only in its
+#: window and every walk stops at the window's end, so a key absent from a full table is
+#: proved absent, and counted unplaced (``info.unplaced``, ``table.dropped``), after at most
+#: this many slots: a step on a full table costs what one on an empty table does. A key
+#: whose window holds no reusable slot is not placed even where the table has room
+#: elsewhere; linear probing's runs make that happen past load 0.8 (see
+#: ``docs/embeddings.md``, "Bounded windows"), where ``resize`` or the grow policy make room.
+PROBE_LIMIT = 256
 
 
 def probe_limit(bucket_size: int) -> int:
-    """The longest walk in a table of ``bucket_size`` slots."""
+    """The longest walk in a table of ``bucket_size`` slots (its window's length)."""
     return min(int(bucket_size), PROBE_LIMIT)
+
+
 #: Slots a key reads per round of place_new_keys: in a crowded table a key passes long runs
 #: of used slots, one round per window.
 PLACE_WINDOW = 32
@@ -120,17 +127,20 @@ def find_slots(table: HashTable, words: Words64, active: jax.Array, track_reuse:
         names += ("reuse",)
     # Few keys walk long (runs of used slots in a crowded table): the later, narrower
     # stages read wider windows, so the long walks take few rounds.
-    _, stages = drain(lanes, active, functools.partial(_window_step, table, n), None, shrink=16,
-                      min_lanes=64, peel=True)
+    step = functools.partial(_window_step, table, n)
+    _, stages = drain(lanes, active, functools.partial(step, first=False), None, shrink=16,
+                      min_lanes=64, peel=functools.partial(step, first=True))
     return tuple(retired_values(stages, name) for name in names)
 
 
-def _window_step(table: HashTable, n: int, lanes, active, carry):
-    """One round of the walk: each lane reads the low key words and the flags of the
-    ``WINDOW`` slots (``WINDOW`` times the stage's shrink factor, at most 8, in stages
-    narrower than the batch ``n``) from where it stands (in the first stage from the multiple
-    of ``WINDOW`` at or before it; one gather each, no wrap-around), stops at the first
-    empty slot or its key, and otherwise moves past the window.
+def _window_step(table: HashTable, n: int, lanes, active, carry, first: bool = False):
+    """One round of the walk: each lane reads the low key words and the flags of ``w``
+    slots from where it stands (one gather each, no wrap-around), stops at the first empty
+    slot or its key, and otherwise moves past them. The ``first`` round reads the ``WINDOW``
+    slots from the multiple of ``WINDOW`` at or before the lane's slot (one cache line each);
+    later rounds at the batch's width read :data:`WIDE_WINDOW` slots (a lane still walking
+    is in a crowded stretch), and narrower stages ``WINDOW`` times their shrink factor (at
+    most 8).
 
     A window slot matching the low word is checked on the high word (one more gather); a
     key that only shares the low word is walked past. Windows are clamped to end at the
@@ -140,12 +150,13 @@ def _window_step(table: HashTable, n: int, lanes, active, carry):
     """
     size = table.bucket_size
     limit = probe_limit(size)
-    w = min(WINDOW * min(8, max(1, n // max(1, lanes["lo"].shape[0]))), size)
+    shrunk = n // max(1, lanes["lo"].shape[0])  # the stage's shrink factor (1: full width)
+    w = min(WINDOW if first else WIDE_WINDOW if shrunk <= 1 else WINDOW * min(8, shrunk), size)
     dist = lanes["dist"]
     at = probe_slot(home_slot(lanes["lo"], lanes["hi"], size), dist, size)
     # The first round's windows start at a multiple of the window (the lane's slot and
     # up to w - 1 after it): the keys and flags read then lie in one cache line each.
-    start = jnp.minimum(at - at % w if w == WINDOW else at, size - w)
+    start = jnp.minimum(at - at % w if first else at, size - w)
     skip = at - start  # window slots before the lane's slot
     seen = skip + jnp.minimum(w - skip, limit - dist)  # window slots [skip, seen): probes to make
 
