@@ -1,5 +1,5 @@
 """Checking a table's structure slot chunk by slot chunk: every used slot's key is where a
-probe walk finds it (no empty slot between its home and it, and within the probe bound,
+probe walk finds it (no empty slot between its home and it, and within its window,
 :data:`~jaxops.hashtable._walks.probe.PROBE_LIMIT` slots), and no key is held twice.
 
 A walk (:func:`~jaxops.hashtable._walks.probe.find_slots`) goes from the key's home slot
@@ -29,16 +29,24 @@ import numpy as np
 
 from jaxops.hashtable._walks.probe import probe_limit
 
-__all__ = ["ProbeCheck"]
+__all__ = ["BeyondWindow", "ProbeCheck"]
+
+
+class BeyondWindow(ValueError):
+    """A key lies beyond its window: a table written where walks went farther (jaxops
+    before the window kept keys up to 4,096 slots from home; CANN's walks go round the
+    table), which this one cannot read in place."""
 
 
 class ProbeCheck:
     """Feed consecutive chunks of slots with :meth:`feed`, then call :meth:`finish`; both
-    raise ``ValueError`` (the caller words it for its file or buffer) at the first fault."""
+    raise ``ValueError`` (the caller words it for its file or buffer) at the first fault.
+    With ``window=False`` keys beyond their window pass (a reader that places every key
+    again); otherwise they raise :class:`BeyondWindow`."""
 
-    def __init__(self, bucket_size: int):
+    def __init__(self, bucket_size: int, window: bool = True):
         self.size = int(bucket_size)
-        self.limit = probe_limit(self.size)
+        self.limit = probe_limit(self.size) if window else self.size
         self.last_empty: int | None = None  # slot of the last empty slot fed so far
         self.head: list[tuple[np.ndarray, np.ndarray]] = []  # (slot, home) before any empty
         self.head_keys = (np.zeros(0, np.uint64), np.zeros(0, np.int64))  # first cluster
@@ -58,9 +66,9 @@ class ProbeCheck:
         far = np.flatnonzero(used & (dist >= self.limit))
         if far.size:
             s = int(pos[far[0]])
-            raise ValueError(f"the key at slot {s} lies {int(dist[far[0]])} slots past its home "
-                             f"slot, beyond the probe bound ({self.limit}): walks would not "
-                             "find it")
+            raise BeyondWindow(f"the key at slot {s} lies {int(dist[far[0]])} slots past its "
+                               f"home slot, beyond its window ({self.limit} slots): walks "
+                               "would not find it")
         self._reachable(used & known, pos, dist, prev)
         self.head.append((pos[used & ~known], dist[used & ~known]))
         keys = (key_hi.astype(np.uint64) << np.uint64(32)) | key_lo.astype(np.uint64)

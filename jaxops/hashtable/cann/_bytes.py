@@ -39,7 +39,7 @@ from jaxops.hashtable._table.host_chunks import HostRows
 from jaxops.hashtable._table.murmur import home_slot
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import as_counter
-from jaxops.hashtable._walks.probe_check import ProbeCheck
+from jaxops.hashtable._walks.probe_check import BeyondWindow, ProbeCheck
 
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]
@@ -104,7 +104,7 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
         OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
             disagrees with VALID, an empty slot that is not blank, unknown flag bits or
             EVICTED in byte 23; or a structure the walks would not read right (a key
-            unreachable from its home slot or beyond the probe bound, a key held twice).
+            unreachable from its home slot or beyond its window, a key held twice).
     """
     op = "from_cann_bytes"
     key_dtype = check_key_dtype(op, key_dtype)
@@ -121,6 +121,12 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
         check.feed(0, rows.key_lo, rows.key_hi, rows.flags, np.asarray(
             _home(rows.key_lo, rows.key_hi, rows.flags.shape[0])))
         check.finish()
+    except BeyondWindow as e:
+        raise OpArgumentError(op, "buffer", "buckets of a table the walks read right (each "
+                              "key within its window)", str(e), "CANN's walks go round the "
+                              "whole table, so a crowded CANN table can hold keys farther from "
+                              "home: import its entries (ht.import_) into a table with more "
+                              "slots, which places each in its window.") from None
     except ValueError as e:
         raise OpArgumentError(op, "buffer", "buckets of a table the walks read right",
                               str(e)) from None

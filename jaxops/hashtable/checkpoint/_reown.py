@@ -9,7 +9,9 @@ handed to every new shard, which takes the live entries it owns
 (:func:`~jaxops.hashtable._kernels.rehash_kernel.rehash_slots`, in a ``placement.map`` frame: the
 same code on one device and on a mesh); each state's rows move with their keys
 (:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`: rows another key had taken over start
-from the target's initial rows). Tombstones are not carried over (as ``resize``). Per-shard values
+from the target's initial rows). Tombstones are not carried over (as ``resize``). Keys
+beyond their window pass the read (a table saved before keys were kept to a window): every
+key is placed again in its window. Per-shard values
 of a state that are not rows: 64-bit counts (``skipped``) are summed onto shard 0, the rest (AdamW's
 beta powers, optax's ``count``) taken from saved shard 0; the table's ``dropped`` is summed onto
 shard 0 and its ``clock`` is the latest saved one.
@@ -68,7 +70,7 @@ def reown(saved: SavedTable, target: TablePart, states: list[StatePart]):
     statics = (placement.num_shards, trees, masks)
     expected = np.zeros(placement.num_shards, np.int64)
     for i in range(saved.n):
-        for _, skip, rows, _ in saved.chunks(i, _on_first_device):
+        for _, skip, rows, _ in saved.chunks(i, _on_first_device, window=False):
             table_rows = tuple(rows[f"{saved.name}.{f}"] for f in SLOT_FIELDS)
             state_rows = tuple(tuple(rows[n] for n, slot in zip(state_names(s), m) if slot)
                                for s, m in zip(states, masks))

@@ -42,7 +42,7 @@ from jaxops.hashtable._placement.route import owner_shard
 from jaxops.hashtable._table.murmur import home_slot
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID
 from jaxops.hashtable._table.words64 import EMPTY_WORD
-from jaxops.hashtable._walks.probe_check import ProbeCheck
+from jaxops.hashtable._walks.probe_check import BeyondWindow, ProbeCheck
 from jaxops.hashtable.checkpoint._checksums import (add_sums, chunk_sums, hex_sums, host_sums,
                                                     words_per_element)
 from jaxops.hashtable.checkpoint._read import CHUNK_BYTES, release_freed
@@ -120,14 +120,15 @@ class SavedTable:
             raise CheckpointError(f"{self.stored.directory!r}: array {name!r}{where}: checksum "
                                   "mismatch: the stored data is not what was saved")
 
-    def chunks(self, i: int, put):
+    def chunks(self, i: int, put, window: bool = True):
         """``(start, skip, {name: host rows}, on_device)`` for saved shard ``i``, chunk by
         chunk (``on_device = put(host rows)``, a tuple of arrays holding the same words):
         every chunk has ``step`` slots (one shape, compiled once); the last ends at the
         shard's end, so its first ``skip`` slots are the chunk before's again. Each chunk is
-        checked (see the module docstring); the shard's sums are compared at its end."""
+        checked (see the module docstring; keys beyond their window pass with ``window=False``,
+        for a reader that places every key again); the shard's sums are compared at its end."""
         acc = {n: np.zeros(2, np.uint32) for n in self.slot_names}
-        probe, seen, fault = ProbeCheck(self.per), [0, 0], None
+        probe, seen, fault = ProbeCheck(self.per, window), [0, 0], None
         for a in range(0, self.per, self.step):
             start = min(a, self.per - self.step)
             skip = a - start
@@ -188,6 +189,14 @@ class SavedTable:
                                                 f"{int(shard[s - a])}"))
         try:
             probe.feed(a, lo, hi, flags, home)
+        except BeyondWindow as e:
+            shard = f" shard {i}" if self.sharded else ""
+            raise CheckpointError(
+                f"{self.stored.directory!r}: table {self.name!r}{shard}: {e}. It was saved "
+                "before keys were kept to a window (jaxops then placed a key up to 4,096 "
+                "slots from its home): load it onto a table of another size (load(path, "
+                "shard_size=...) or a target with more slots), which places every key "
+                "again in its window") from None
         except ValueError as e:
             raise CheckpointError(self._content(i, str(e))) from None
         live = ((flags & VALID) != 0) & ((flags & EVICTED) == 0)
