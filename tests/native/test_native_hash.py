@@ -216,5 +216,5 @@ def test_a_loaded_table_with_a_key_beyond_the_probe_bound_is_refused():
     keys = np.arange(size, dtype=np.uint32)
     check = ProbeCheck(size)  # every key's home is slot 0: the last ones lie too far
     with pytest.raises(ValueError, match=rf"slot {PROBE_LIMIT} lies {PROBE_LIMIT} slots past "
-                                         rf"its home slot, beyond the probe bound"):
+                                         rf"its home slot, beyond its window"):
         check.feed(0, keys, np.zeros(size, np.uint32), flags, home=np.zeros(size, np.int64))

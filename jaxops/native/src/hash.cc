@@ -145,9 +145,10 @@ inline int64_t wrap(int64_t s, int64_t size) { return s >= size ? s - size : s; 
 // stopping slot where it holds the key (its tombstone too), else -1; with `reuse`, *reuse is
 // the distance of the first tombstone (EVICTED) passed before the stop, untouched if none.
 // Sixteen slots are tested at once (SSE2) wherever they lie before the table's end and
-// within the limit: their flag bytes in one load, the low key words only up to the first
-// empty slot, four at a time, and the high word only where the low one matched. So a walk
-// through a full window reads it in eight steps and a short walk reads what it did before.
+// within the limit: their flag bytes in one load, the low key words four at a time up to
+// the first empty slot or the key, and the high word only where the low one matched. So a
+// walk through a full window reads it in sixteen-slot steps and a short walk reads what it
+// did before.
 inline int64_t walk_key(const uint32_t* klo, const uint32_t* khi, const uint8_t* fl,
                         int64_t size, int64_t limit, int64_t home, uint32_t lo, uint32_t hi,
                         int32_t* slot, int32_t* reuse = nullptr) {
@@ -161,21 +162,25 @@ inline int64_t walk_key(const uint32_t* klo, const uint32_t* khi, const uint8_t*
       const uint32_t empty = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(f, _mm_setzero_si128())));
       const int upto = empty ? __builtin_ctz(empty) : 16;  // slots before the first empty one
       const __m128i want = _mm_set1_epi32(static_cast<int>(lo));
-      uint32_t match = 0;
-      for (int q = 0; 4 * q < upto; ++q)
-        match |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + s + 4 * q)), want))))
-                 << (4 * q);
-      match &= (1u << upto) - 1;
-      while (match && khi[s + __builtin_ctz(match)] != hi) match &= match - 1;
-      const int at = match ? __builtin_ctz(match) : upto;  // the stop (16: none here)
+      int at = upto;  // the stop (16: none here)
+      for (int q = 0; 4 * q < upto && at == upto; ++q) {
+        uint32_t match = static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + s + 4 * q)), want))))
+                         & ((((1u << upto) - 1) >> (4 * q)) & 0xF);
+        for (; match; match &= match - 1) {
+          if (khi[s + 4 * q + __builtin_ctz(match)] == hi) {
+            at = 4 * q + __builtin_ctz(match);
+            *slot = static_cast<int32_t>(s + at);
+            break;
+          }
+        }
+      }
       if (reuse != nullptr && *reuse < 0) {
         const __m128i ev = _mm_set1_epi8(static_cast<char>(kEvicted));
         const uint32_t tomb = static_cast<uint32_t>(_mm_movemask_epi8(
                                   _mm_cmpeq_epi8(_mm_and_si128(f, ev), ev))) & ((1u << at) - 1);
         if (tomb) *reuse = static_cast<int32_t>(d + __builtin_ctz(tomb));
       }
-      if (match) *slot = static_cast<int32_t>(s + at);
       if (at < 16) return d + at;
       d += 16;
       continue;
