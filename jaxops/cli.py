@@ -156,9 +156,17 @@ def _golden_tool(command: str, argv: list[str]) -> int:
 
     tool = argparse.ArgumentParser(prog=f"jaxops golden {command}")
     if command == "check":
-        tool.add_argument("files", nargs="+", help="golden .npz files")
+        tool.add_argument("files", nargs="+", help="golden .npz files, or a model's golden "
+                          "folders (checked against onnx.reference)")
+        tool.add_argument("--onnx", metavar="MODEL", help="a model folder's model (default: "
+                          "the path its index records)")
         args = tool.parse_args(argv)
+        from jaxops.golden import models
         for path in args.files:
+            if models.is_model_folder(path):
+                if _check_model(path, args.onnx):
+                    return 1
+                continue
             try:
                 golden.check_case(path)
             except AssertionError as e:
@@ -183,10 +191,27 @@ def _golden_tool(command: str, argv: list[str]) -> int:
     return 0 if report.passed else 1
 
 
-def _golden_model(args: argparse.Namespace, extra: list[str]) -> int:
-    """``jaxops golden --onnx MODEL --inputs NPZ --out DIR [--bin] [--force]``."""
+def _check_model(path: str, model: str | None) -> bool:
+    """Prints each node's check of a model's golden folder; whether one failed."""
+    _need_onnx("--onnx")
+    from jaxops.onnx.golden_check import check_model
+
+    results = check_model(path, model)
+    for r in results:
+        print(f"{path}: {r.line()}")
+    return any(r.status == "FAIL" for r in results)
+
+
+def _need_onnx(flag: str) -> None:
     import importlib.util
 
+    if importlib.util.find_spec("onnx") is None:
+        raise OpArgumentError("golden", flag, "the onnx package installed "
+                              "(pip install 'jaxops[onnx]')", "no module named 'onnx'")
+
+
+def _golden_model(args: argparse.Namespace, extra: list[str]) -> int:
+    """``jaxops golden --onnx MODEL --inputs NPZ --out DIR [--bin] [--force]``."""
     given = [f"--{k}" for k in ("seed", "shape", "dtype", "input", "density", "special",
                                 "contract", "impl_mode", "bucket_size", "embedding_dim")
              if getattr(args, k) not in (None, 0)]
@@ -200,9 +225,7 @@ def _golden_model(args: argparse.Namespace, extra: list[str]) -> int:
         raise OpArgumentError("golden --onnx", "--inputs" if args.inputs is None else "--out",
                               "a value (--inputs NPZ: the graph inputs by name; --out DIR)",
                               "nothing")
-    if importlib.util.find_spec("onnx") is None:
-        raise OpArgumentError("golden", "--onnx", "the onnx package installed "
-                              "(pip install 'jaxops[onnx]')", "no module named 'onnx'")
+    _need_onnx("--onnx")
     from jaxops.onnx.golden import write_model_golden
 
     index = write_model_golden(args.onnx, args.inputs, args.out, bin=args.bin, force=args.force)

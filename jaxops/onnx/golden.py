@@ -265,6 +265,8 @@ def write_model_golden(model: Any, inputs: str | os.PathLike | Mapping[str, Any]
                         "bin": stem if bin else None, "inputs": ins, "outputs": outs})
     index = {
         "kind": KIND, "format_version": FORMAT_VERSION, "model": model_name,
+        "model_path": (os.path.abspath(os.fspath(model))
+                       if isinstance(model, (str, os.PathLike)) else None),
         "opset": program.opset, "input_file": inputs_name,
         "inputs": [files.describe_tensor(n, a) for n, a in zip(program.input_names, arrays)],
         "selection": "the nodes whose output sizes are computed from tensor values "

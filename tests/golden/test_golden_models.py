@@ -217,12 +217,16 @@ def test_compare_with_a_dump_passes_and_fails_by_node(mixed, tmp_path, capsys):
 
 def test_a_torchvision_detector_node_by_node(tmp_path):
     """SSDlite (tiny, committed): its NonZero, TopK (k from the count) and the If around
-    the NMS, every tensor equal to ONNX Runtime's."""
+    the NMS, every tensor equal to ONNX Runtime's; ``check`` recomputes all but the If."""
     model = onnx.load(str(DATA / "ssdlite_small.onnx"))
     feeds = {"images": np.random.RandomState(0).rand(1, 3, 64, 64).astype(np.float32)}
     index = write_model_golden(DATA / "ssdlite_small.onnx", feeds, tmp_path / "g")
     found = _check_against_ort(tmp_path / "g", model, feeds, ["NonZero"] * 8 + ["TopK"] * 4 + ["If"])
     assert json.load(open(index)) == found and found["model"] == "ssdlite_small.onnx"
+    from jaxops.onnx.golden_check import check_model
+    status = [(r.entry["op_type"], r.status) for r in check_model(tmp_path / "g")]
+    assert {s for op, s in status if op != "If"} == {"ok"}
+    assert ("If", "not checked") in status  # its NMS lives in a subgraph
 
 
 def test_files_are_the_same_with_x64_on(mixed, tmp_path):
@@ -264,3 +268,25 @@ def test_bad_inputs_name_the_flag(mixed, tmp_path, monkeypatch, capsys):
     assert main(["golden", "--onnx", str(d / "mixed.onnx"), "--inputs",
                  str(d / "inputs.npz"), "--out", out]) == 2
     assert "argument '--onnx': expected the onnx package installed" in capsys.readouterr().err
+
+
+def test_check_recomputes_each_node_with_onnx_reference(mixed, tmp_path, capsys):
+    d, _, _ = mixed
+    capsys.readouterr()
+    assert main(["golden", "check", str(d / "g")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(MIXED) and all(": ok: equals onnx.reference" in x for x in lines)
+    import shutil
+    shutil.copytree(d / "g", tmp_path / "g")
+    case = tmp_path / "g" / "node0001_Unique.npz"
+    with np.load(case) as z:
+        arrays = dict(z)
+    arrays["output_counts"] = arrays["output_counts"] + np.eye(1, arrays["output_counts"].size,
+                                                                 dtype=np.int64)[0]
+    np.savez(case, **arrays)
+    assert main(["golden", "check", str(tmp_path / "g")]) == 1
+    out = capsys.readouterr().out
+    assert "node 1 'unique' (Unique): FAIL: output_counts: 1 of" in out
+    from jaxops.onnx.golden_check import check_model
+    with pytest.raises(OpArgumentError, match="'--onnx': expected the model whose node 0"):
+        check_model(d / "g", DATA / "ssdlite_small.onnx")
