@@ -24,7 +24,7 @@ nodes' inputs and outputs at their actual shapes (the values the jitted program 
 >>> x = np.array([0, 3, 0, 5], np.float32)
 >>> data_dependent(program, x)          # NonZero; Neg only carries its size on
 [0]
->>> run = node_values(program, [0], x)[0]
+>>> run = node_values(program, [0], x=x)[0]     # inputs in order, or by name
 >>> run.op_type, run.outputs[0].tolist(), run.max_shapes[0]
 ('NonZero', [[1, 3]], (1, 4))
 """
@@ -82,8 +82,8 @@ def data_dependent(program: Any, *args: Any, **kwargs: Any) -> list[int]:
     nodes = program.proto.graph.node
     layout: dict[str, tuple[int | None, list[int]]] = {}  # name -> (data slot, dim slots)
 
-    def traced(*xs):
-        env = _env(program, xs, kwargs)
+    def traced(xs, kw):
+        env = _env(program, xs, kw)
         leaves = []
         for name, t in env.items():
             data = len(leaves) if is_traced(t.data) else None
@@ -96,7 +96,7 @@ def data_dependent(program: Any, *args: Any, **kwargs: Any) -> list[int]:
             layout[name] = (data, dims)
         return leaves
 
-    closed = jax.make_jaxpr(traced)(*args)
+    closed = jax.make_jaxpr(traced)(args, kwargs)  # every input traced, as under jit
     jaxpr = closed.jaxpr
     outvar = [v if isinstance(v, jcore.Var) else None for v in jaxpr.outvars]
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
@@ -180,11 +180,13 @@ def node_values(program: Any, indices: Sequence[int], *args: Any,
     known: dict[str, np.ndarray] = {}
     planned: dict[str, tuple] = {}
 
-    def run(*xs):
-        env = _env(program, xs, kwargs)
+    def run(xs, kw):
+        env = _env(program, xs, kw)
         out = {}
         for n in names:
-            t = env[n]
+            t = env.get(n)
+            if t is None:  # an optional output the op did not make
+                continue
             planned[n] = (tuple(t.shape), not t.is_static)
             if t.concrete:
                 known[n] = np.asarray(t.data)
@@ -192,13 +194,13 @@ def node_values(program: Any, indices: Sequence[int], *args: Any,
                 out[n] = t.to_public(program.fill_value)
         return out
 
-    fetched = jax.device_get(jax.jit(run)(*args))
+    fetched = jax.device_get(jax.jit(run)(args, kwargs))
     host = {n: _actual(v) for n, v in fetched.items()}
     host.update(known)
-    return [NodeValues(k, node, [host[n] if n else None for n in node.input],
-                       [host[n] if n else None for n in node.output],
-                       [planned[n][0] if n else None for n in node.output],
-                       [planned[n][1] if n else False for n in node.output])
+    return [NodeValues(k, node, [host.get(n) for n in node.input],
+                       [host.get(n) for n in node.output],
+                       [planned.get(n, (None,))[0] for n in node.output],
+                       [planned.get(n, (None, False))[1] for n in node.output])
             for k, node in zip(indices, nodes)]
 
 
