@@ -204,7 +204,8 @@ def _prepare(out: str, force: bool) -> None:
     if os.path.isdir(out) and os.listdir(out):
         if not force:
             raise OpArgumentError(_WHERE, "--out", "a new or empty folder", repr(out),
-                                  "Pass --force (force=True) to overwrite it, or choose another --out.")
+                                  "Pass --force (force=True) to overwrite it, or choose "
+                                  "another --out.")
         if not os.path.isfile(os.path.join(out, INDEX)):
             raise OpArgumentError(_WHERE, "--out", f"a model's golden folder ({INDEX}) to "
                                   "overwrite with --force", f"{out!r}, which has none")

@@ -221,7 +221,8 @@ def test_a_torchvision_detector_node_by_node(tmp_path):
     model = onnx.load(str(DATA / "ssdlite_small.onnx"))
     feeds = {"images": np.random.RandomState(0).rand(1, 3, 64, 64).astype(np.float32)}
     index = write_model_golden(DATA / "ssdlite_small.onnx", feeds, tmp_path / "g")
-    found = _check_against_ort(tmp_path / "g", model, feeds, ["NonZero"] * 8 + ["TopK"] * 4 + ["If"])
+    found = _check_against_ort(tmp_path / "g", model, feeds,
+                               ["NonZero"] * 8 + ["TopK"] * 4 + ["If"])
     assert json.load(open(index)) == found and found["model"] == "ssdlite_small.onnx"
     from jaxops.onnx.golden_check import check_model
     status = [(r.entry["op_type"], r.status) for r in check_model(tmp_path / "g")]

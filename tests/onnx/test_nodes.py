@@ -39,7 +39,8 @@ def _program():
         nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [5])],
         [helper.make_tensor_value_info(n, e, None) for n, e in
          [("grown", T.FLOAT), ("cat", T.FLOAT), ("relu", T.FLOAT)]],
-        [helper.make_tensor("one", T.INT64, [], [1]), helper.make_tensor("zero", T.FLOAT, [], [0.0])])
+        [helper.make_tensor("one", T.INT64, [], [1]),
+         helper.make_tensor("zero", T.FLOAT, [], [0.0])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     for o in model.graph.output:  # ranks for the checker
         o.type.tensor_type.shape.dim.add()
