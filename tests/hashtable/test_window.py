@@ -5,7 +5,7 @@ The tables are genuine (every key inserted by ``lookup_or_insert``) and past the
 kernels' parallel thresholds (batches of more than 2 x 2,048 keys are split among threads):
 a run of exactly one window of keys sharing a home slot (the window exactly full), the same
 run wrapping past the table's end, a tombstone in a window's last slot, keys sharing the low
-key word, and a full table.
+key word, and a full table (looked up, and compacted).
 """
 
 import jax
@@ -162,6 +162,20 @@ def test_full_table(full, path):
     assert int(info.unplaced) == want_info["unplaced"] == 2_200 and int(info.inserted) == 0
     assert_same_table(after, ref)
     assert WINDOW // 2 < dist.max() < WINDOW  # walks went far, never past the window
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compacting_a_full_table_keeps_every_key(full, path):
+    """A full table with tombstones, rebuilt at its size: every live key comes back (from
+    slot 0 on, keys whose probe wraps past the table's end pushed others out of their
+    windows), slot for slot as the reference rebuilds it."""
+    t, held, _ = full
+    t = ht.evict(t, held[::97])
+    ref = RefTable.from_table(t)
+    back = _run(path, lambda: ht.compact(t))
+    want = ref.resize(np.full((FULL, 1), 0.5, np.float32))
+    assert_same_table(back, want)
+    assert int(back.live) == int(t.live) and int(back.dropped) == int(t.dropped)
 
 
 @pytest.mark.parametrize("path", PATHS)

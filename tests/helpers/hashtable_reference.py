@@ -223,18 +223,32 @@ class RefTable:
                 self._tombstone(s, const_val)
 
     def resize(self, new_values: np.ndarray) -> "RefTable":
+        """Live entries reinserted in ascending slot order; at the same size from the slot
+        after the first one that the fewest live keys pass on their way home → slot."""
         new = RefTable(new_values)
-        for s in range(self.size):
-            if not self.flags[s] & VALID or self.flags[s] & EVICTED:
-                continue  # tombstones are not carried over
+        live = [s for s in range(self.size) if self.flags[s] & VALID
+                and not self.flags[s] & EVICTED]
+        first = 0
+        if new.size == self.size:
+            passed = [0] * self.size
+            for s in live:
+                at = key_hash(self.keys[s]) % self.size
+                while at != s:
+                    passed[at] += 1
+                    at = (at + 1) % self.size
+            first = (passed.index(min(passed)) + 1) % self.size
+        for s in sorted(live, key=lambda s: (s - first) % self.size):
             kind, t = new.probe(self.keys[s])
-            if kind != "new":
+            if kind != "new":  # lost: no longer live
                 new.dropped += 1
+                new.live -= 1
+                new.not_exported -= not self.flags[s] & EXPORT
                 continue
             new.keys[t], new.counters[t] = self.keys[s], self.counters[s]
             new.flags[t], new.last_access[t] = self.flags[s], self.last_access[s]
             new.values[t], new.epoch[t] = self.values[s], self.epoch[s]
-        new.live, new.not_exported = self.live, self.not_exported
+        new.live += self.live
+        new.not_exported += self.not_exported
         new.dropped += self.dropped
         new.clock = self.clock
         return new

@@ -43,8 +43,31 @@ def rehash_on_shard(router, statics, state, replicated):
 
 def rehash(old: HashTable, new: HashTable) -> HashTable:
     """``new`` (an empty shard) holding every live entry of ``old`` (one shard), in
-    ascending old-slot order, with their counters, flags, rows and ``last_access``."""
+    ascending old-slot order, with their counters, flags, rows and ``last_access``. At the
+    same size the order starts after :func:`_first_uncrossed` (wrapping past the end)."""
     return rehash_slots(old, new)[0]
+
+
+def _first_uncrossed(home: jax.Array, used: jax.Array) -> jax.Array:
+    """The first slot that the fewest used slots' probe paths (``[home, slot)``) pass: one
+    none passes when there is one (an empty slot is one).
+
+    Rebuilt at the same size in ascending slot order from the slot after it, no path wraps
+    past the order's start, so each key lands at its old slot or earlier on its path (by
+    induction: a key placed before it has an earlier old slot, and its path ends there) and
+    keeps within its window; from slot 0 a key whose path wraps past the table's end could
+    take a slot a later key needs, and push keys out of their windows."""
+    size = home.shape[0]
+    pos = jnp.arange(size, dtype=jnp.int32)
+    edges = jnp.zeros(size + 1, jnp.int32).at[jnp.where(used, home, size)].add(1)
+    edges = edges.at[jnp.where(used, pos, size)].add(-1)
+    cover = jnp.cumsum(edges[:size]) + jnp.sum(used & (home > pos), dtype=jnp.int32)
+    return jnp.argmin(cover).astype(jnp.int32)
+
+
+def _rolled(a: jax.Array, by) -> jax.Array:
+    """``a`` read from index ``by`` on, wrapping (``jnp.roll(a, -by)``; ``by=0``: ``a``)."""
+    return a if isinstance(by, int) and by == 0 else jnp.roll(a, -by)
 
 
 @functools.partial(jax.jit, inline=True)
@@ -54,10 +77,14 @@ def rehash_slots(old: HashTable, new: HashTable, used: jax.Array | None = None
     none): the map that moves optimizer state rows along
     (:func:`~jaxops.hashtable._walks.slot_owner.move_state_rows`). ``used``: the old slots to move
     (default: the live ones)."""
+    rotate = used is None and old.bucket_size == new.bucket_size  # compact: keys keep windows
     if used is None:
         used = (old.flags & (VALID | EVICTED)) == VALID
     home = home_slot(old.key_lo, old.key_hi, new.bucket_size)
-    slot, key_lo, flags = place_new_keys(new.key_lo, new.flags, home, jnp.zeros_like(home), used)
+    first = _first_uncrossed(home, used) + 1 if rotate else 0  # the old slot inserted first
+    slot, key_lo, flags = place_new_keys(new.key_lo, new.flags, _rolled(home, first),
+                                         jnp.zeros_like(home), _rolled(used, first))
+    slot = _rolled(slot, -first)
     put = functools.partial(set_rows, slot=slot, write=slot >= 0)
     lost_live = used & (slot < 0)  # only inside jit: eagerly, too small a size raises
     return new.replace(

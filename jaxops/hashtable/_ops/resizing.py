@@ -33,7 +33,9 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
 
     Keys, counters, flags (export state included), rows, ``last_access`` (and the table's
     ``clock``) and the live / not-exported counts are kept; entries are reinserted in ascending
-    old-slot order. Tombstones are dropped (beyond CANN, which has no resize: they only kept evicted
+    old-slot order (at the same size, :func:`compact`, from the slot after the first one that
+    the fewest live keys pass on their way from home, wrapping: every key then lands at its old
+    slot or before it, within its window, so none is lost). Tombstones are dropped (beyond CANN, which has no resize: they only kept evicted
     keys' slots, and their keys are gone either way), so a table may shrink to its live keys. The
     new table's free slots get rows as in :func:`init_table` (the initializer arguments are passed
     on); the load limit and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each
