@@ -178,10 +178,11 @@ def test_compacting_a_full_table_keeps_every_key(full, path):
     assert int(back.live) == int(t.live) and int(back.dropped) == int(t.dropped)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS[:1])
 def test_keys_sharing_the_low_word(path):
     """Keys equal in their low 32 bits, crowded into one table: a walk passes keys that
-    match only the low word (native: sixteen slots per step) and finds its own."""
+    match only the low word (the native walk's sixteen-slot steps; the xla walk's low-word
+    matches are checked in test_differential) and finds its own."""
     lo = np.arange(40, dtype=np.int64)
     keys = (lo[None, :] + (np.arange(1, 60, dtype=np.int64)[:, None] << 32)).reshape(-1)
     size = 2_048
