@@ -140,7 +140,8 @@ def test_full_table(full, path):
     t, held, new = full
     rng = np.random.default_rng(4)
     ref = RefTable.from_table(t)
-    dist = (np.asarray(ht.locate(t, held)) - np.asarray(_home(*ht.words.as_words(held), FULL))) % FULL
+    home = np.asarray(_home(*ht.words.as_words(held), FULL))
+    dist = (np.asarray(ht.locate(t, held)) - home) % FULL
     probe = np.concatenate([held[np.argsort(-dist)[:200]], rng.choice(held, 2_000),
                             new[:2_200]])  # the farthest keys, others, new ones
     rng.shuffle(probe)

@@ -35,8 +35,9 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
     ``clock``) and the live / not-exported counts are kept; entries are reinserted in ascending
     old-slot order (at the same size, :func:`compact`, from the slot after the first one that
     the fewest live keys pass on their way from home, wrapping: every key then lands at its old
-    slot or before it, within its window, so none is lost). Tombstones are dropped (beyond CANN, which has no resize: they only kept evicted
-    keys' slots, and their keys are gone either way), so a table may shrink to its live keys. The
+    slot or before it, within its window, so none is lost). Tombstones are dropped (beyond
+    CANN, which has no resize: they only kept evicted keys' slots, and their keys are gone
+    either way), so a table may shrink to its live keys. The
     new table's free slots get rows as in :func:`init_table` (the initializer arguments are passed
     on); the load limit and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each
     shard gets ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with

@@ -40,7 +40,8 @@ def capacities(n: int, shrink: int = 4, min_lanes: int = 512) -> list[int]:
 
 
 def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: int = 4,
-          min_lanes: int = 512, peel: bool | Step = False) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
+          min_lanes: int = 512, peel: bool | Step = False
+          ) -> tuple[Any, list[tuple[Lanes, jax.Array]]]:
     """Runs ``step(lanes, active, carry) -> (lanes, active, carry)`` until no lane is active.
 
     ``lanes`` is a dict of arrays with one leading entry per lane. A lane never becomes
@@ -71,7 +72,8 @@ def drain(lanes: Lanes, active: jax.Array, step: Step, carry: Any, *, shrink: in
 
         state = (lanes, active, carry)
         if k == 0 and peel:
-            state = (step if peel is True else peel)(*state)  # the loop below checks ``more`` before its first step
+            # the loop below checks ``more`` before its first step
+            state = (step if peel is True else peel)(*state)
         lanes, active, carry = while_loop(more, lambda s: step(*s), state)
         stages.append((lanes, entered & ~active))
         if nxt:

@@ -159,14 +159,16 @@ inline int64_t walk_key(const uint32_t* klo, const uint32_t* khi, const uint8_t*
 #if defined(__x86_64__)
     if (s + 16 <= size && d + 16 <= limit) {
       const __m128i f = _mm_loadu_si128(reinterpret_cast<const __m128i*>(fl + s));
-      const uint32_t empty = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(f, _mm_setzero_si128())));
+      const uint32_t empty =
+          static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(f, _mm_setzero_si128())));
       const int upto = empty ? __builtin_ctz(empty) : 16;  // slots before the first empty one
       const __m128i want = _mm_set1_epi32(static_cast<int>(lo));
       int at = upto;  // the stop (16: none here)
       for (int q = 0; 4 * q < upto && at == upto; ++q) {
-        uint32_t match = static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + s + 4 * q)), want))))
-                         & ((((1u << upto) - 1) >> (4 * q)) & 0xF);
+        const __m128i words = _mm_loadu_si128(reinterpret_cast<const __m128i*>(klo + s + 4 * q));
+        uint32_t match = static_cast<uint32_t>(
+                             _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(words, want)))) &
+                         ((((1u << upto) - 1) >> (4 * q)) & 0xF);
         for (; match; match &= match - 1) {
           if (khi[s + 4 * q + __builtin_ctz(match)] == hi) {
             at = 4 * q + __builtin_ctz(match);
@@ -381,7 +383,8 @@ ffi::Error HashFind(ffi::Buffer<ffi::U32> key_lo, ffi::Buffer<ffi::U32> key_hi,
       int32_t s_out = -1, d_out = 0, r_out = -1;
       uint8_t f_out = 0;
       if (on[i]) {
-        d_out = static_cast<int32_t>(walk_key(klo, khi, fl, size, limit, home, ql[i], qh[i], &s_out, &r_out));
+        d_out = static_cast<int32_t>(
+            walk_key(klo, khi, fl, size, limit, home, ql[i], qh[i], &s_out, &r_out));
         if (s_out >= 0) f_out = fl[s_out];
       }
       if (r_out < 0) r_out = static_cast<int32_t>(size);
