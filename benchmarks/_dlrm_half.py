@@ -43,7 +43,7 @@ def _auc(p: np.ndarray, y: np.ndarray) -> float:
 
 
 def _train(dtype, slots: int, batches, held_out):
-    """A trained model's held-out AUC, its state and its step."""
+    """A trained model's held-out AUC and predictions, its state and its step."""
     import jax
 
     _, init, step = _model(slots, policy="error", dtype=dtype)
@@ -55,7 +55,7 @@ def _train(dtype, slots: int, batches, held_out):
         raise AssertionError(f"{lost} ids found no slot: size the table for the run")
     p = np.concatenate([np.asarray(step.predict(state, d, _words(i))) for d, i, _ in held_out])
     y = np.concatenate([lab for _, _, lab in held_out])
-    return _auc(p, y), state, step
+    return _auc(p, y), p, state, step
 
 
 def _bytes(tree) -> int:
@@ -70,14 +70,15 @@ def half_rows(quick: bool) -> list[Result]:
     slots, batch, steps = (1 << 21, 1024, 200) if quick else (1 << 22, 1024, 400)
     batches = _batches(steps, batch, seed=2, learnable=True)
     held_out = _batches(10 if quick else 40, batch, seed=3, learnable=True)
-    auc32, state32, step32 = _train(jnp.float32, slots, batches, held_out)
-    auc16, state16, step16 = _train(jnp.bfloat16, slots, batches, held_out)
+    auc32, p32, state32, step32 = _train(jnp.float32, slots, batches, held_out)
+    auc16, p16, state16, step16 = _train(jnp.bfloat16, slots, batches, held_out)
     t32, t16 = state32["tables"]["ids"], state16["tables"]["ids"]
     rows32, rows16 = t32.table.values.nbytes, t16.table.values.nbytes
     met = "met" if abs(auc16 - auc32) <= AUC_TOLERANCE else "MISSED"
     note = (f"{steps} steps of batch {batch}, {slots} slots, {int(t32.table.live)} ids; "
-            f"held-out AUC bf16 {auc16:.4f} vs f32 {auc32:.4f} (diff {auc16 - auc32:+.4f}, "
-            f"target |diff| <= {AUC_TOLERANCE}: {met}); whole table {_bytes(t16.table) / 1e6:.0f}"
+            f"held-out AUC ({p32.size} predictions) bf16 {auc16:.5f} vs f32 {auc32:.5f} (diff "
+            f"{auc16 - auc32:+.5f}, target |diff| <= {AUC_TOLERANCE}: {met}; the predictions "
+            f"differ by {np.abs(p16 - p32).mean():.2e} on average); whole table {_bytes(t16.table) / 1e6:.0f}"
             f" vs {_bytes(t32.table) / 1e6:.0f} MB ({_bytes(t16.table) / _bytes(t32.table):.2f}x)"
             f", optimizer state {_bytes(t16.opt_state) / 1e6:.0f} vs "
             f"{_bytes(t32.opt_state) / 1e6:.0f} MB (float32 in both)")
