@@ -78,8 +78,7 @@ def _reads(t):
     return go(t, ht.words.as_words(KEYS))
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_reads_give_float32_rows_exactly_on_both_paths(dtype):
+def test_reads_give_float32_rows_exactly_on_both_paths(dtype=jnp.bfloat16):
     t, vals = _filled(dtype)
     want = np.concatenate([vals[:2], vals[:1], vals[2:]])  # KEYS: 11, 5, 11, -7, 2**40
     outs = []
@@ -199,3 +198,19 @@ def test_checkpoint_round_trip_and_wrong_dtype_target(tmp_path):
     with pytest.raises(OpArgumentError, match="expected a table of bfloat16 rows .as saved., "
                        "got float32 rows"):
         ht.load(os.fspath(tmp_path / "b"), ht.init_table(16, 3, initializer_mode="constant"))
+
+
+def test_a_table_on_a_mesh_keeps_half_rows():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    t = ht.init_sharded_table(32, 4, mesh, "d", initializer_mode="constant",
+                              constant_value=1.0, dtype=jnp.bfloat16)
+    t, rows, info = ht.lookup_or_insert(t, np.arange(8, dtype=np.int64))
+    assert t.values.dtype == jnp.bfloat16 and rows.dtype == jnp.float32
+    opt = ht.optim.sgd(0.25)
+    t, state = opt.update(t, opt.init(t), info.slots, jnp.ones((8, 4)))
+    assert np.asarray(state.rounding).tolist() == [1]  # one count per shard
+    np.testing.assert_array_equal(np.asarray(ht.find(t, np.arange(8, dtype=np.int64))[0]),
+                                  0.75)  # exact in bfloat16: no rounding either way
+    t, info = ht.import_(t, np.array([100], np.int64), np.ones(1, np.uint64),
+                         np.ones(1, np.uint8), np.full((1, 4), 0.1, np.float32))
+    assert int(info.rounded) == 4 and ht.resize(t, 64).values.dtype == jnp.bfloat16
