@@ -78,8 +78,9 @@ def half_rows(quick: bool) -> list[Result]:
     note = (f"{steps} steps of batch {batch}, {slots} slots, {int(t32.table.live)} ids; "
             f"held-out AUC ({p32.size} predictions) bf16 {auc16:.5f} vs f32 {auc32:.5f} (diff "
             f"{auc16 - auc32:+.5f}, target |diff| <= {AUC_TOLERANCE}: {met}; the predictions "
-            f"differ by {np.abs(p16 - p32).mean():.2e} on average); whole table {_bytes(t16.table) / 1e6:.0f}"
-            f" vs {_bytes(t32.table) / 1e6:.0f} MB ({_bytes(t16.table) / _bytes(t32.table):.2f}x)"
+            f"differ by {np.abs(p16 - p32).mean():.2e} on average); whole table "
+            f"{_bytes(t16.table) / 1e6:.0f} vs {_bytes(t32.table) / 1e6:.0f} MB "
+            f"({_bytes(t16.table) / _bytes(t32.table):.2f}x)"
             f", optimizer state {_bytes(t16.opt_state) / 1e6:.0f} vs "
             f"{_bytes(t32.opt_state) / 1e6:.0f} MB (float32 in both)")
     memory = Result("DLRM bf16 rows: table rows MB", rows16 / 1e9, "float32 rows", rows32 / 1e9,

@@ -3,8 +3,7 @@
 walks are native).
 
 >>> import jax.numpy as jnp, numpy as np
->>> from jaxops.hashtable._table.row_dtype import is_half
-from jaxops.hashtable._table.table import HashTable
+>>> from jaxops.hashtable._table.table import HashTable
 >>> from jaxops.hashtable._table.words64 import as_words
 >>> t = HashTable.empty(4, 1, jnp.full((4, 1), 2.0))
 >>> rows, slots = read_rows(t, as_words(np.array([9], np.int64)), jnp.ones(1, bool), -1.0)

@@ -3,9 +3,10 @@
 A table is ``bucket_size`` slots of open addressing, one key per slot (CANN's bucket array).
 Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a flag byte and
 ``embedding_dim`` values: float32, or bfloat16 / float16 when the table was made so
-(``init_table(..., dtype=jnp.bfloat16)``; see :mod:`~jaxops.hashtable._table.row_dtype`). 64-bit quantities are stored as two uint32 words
-``(lo, hi)`` so that every operation runs the same with ``jax_enable_x64`` off and on; they
-become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
+(``init_table(..., dtype=jnp.bfloat16)``; see :mod:`~jaxops.hashtable._table.row_dtype`).
+64-bit quantities are stored as two uint32 words ``(lo, hi)`` so that every operation runs
+the same with ``jax_enable_x64`` off and on; they become int64 / uint64 only at the host
+boundary (or as JAX arrays when x64 is on).
 
 A key is a 64-bit pattern. A table's static ``key_dtype`` (``init_table(...,
 key_dtype=np.uint64)``; default int64, CANN's dtype; int32 / uint32 for ids that are 32-bit)

@@ -9,10 +9,11 @@ leaves are arrays or scalars. :func:`parts` walks it and finds:
   mesh), their per-shard counts and (on a mesh) ``unrouted``, under the table's name, the
   same names on every placement; their static fields go to the checkpoint's metadata;
 - **row optimizer states**: NamedTuples whose last field is ``skipped``, or ``skipped`` then
-  ``rounding`` (every optimizer of ``jaxops.hashtable.optim``, ``adam_w_init``'s state). Each belongs to the table of the
-  same layout nearest to it in the tree: the longest common path prefix, then the longest
-  common suffix of the rest (``state["ids"].opt_state`` goes with ``state["ids"].table``;
-  ``opt["a"]`` with ``tables["a"]``); a tie is an error that names both tables. Its leaves
+  ``rounding`` (every optimizer of ``jaxops.hashtable.optim``, ``adam_w_init``'s state).
+  Each belongs to the table of the same layout nearest to it in the tree: the longest
+  common path prefix, then the longest common suffix of the rest
+  (``state["ids"].opt_state`` goes with ``state["ids"].table``; ``opt["a"]`` with
+  ``tables["a"]``); a tie is an error that names both tables. Its leaves
   with a slot axis are *slot* leaves (moved with their keys when a restore re-owns them),
   the others are *shard* leaves (one value per shard);
 - every other leaf is *plain* (Orbax restores it onto the target's sharding).

@@ -25,5 +25,6 @@ from jaxops.hashtable.optim._rules import (AdagradState, AdamState, FtrlState, R
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",
     "RowwiseAdagradState", "SgdState", "adagrad", "adam", "adamw", "from_optax", "ftrl",
-    "make_row_optimizer", "rounding_count", "rowwise_adagrad", "sgd", "slot_owners", "sum_by_slot",
+    "make_row_optimizer", "rounding_count", "rowwise_adagrad", "sgd", "slot_owners",
+    "sum_by_slot",
 ]

@@ -7,6 +7,10 @@ scatters into the table's and the state's own buffers, which XLA updates in plac
 caller's ``jax.jit`` donates them. :func:`update_on_shard` routes each slot and its gradient
 to the slot's shard and runs :func:`apply_rule` there.
 
+On a table of half rows the rule sees the rows widened to float32, and its new rows are
+rounded stochastically into the table (:mod:`~jaxops.hashtable._table.row_dtype`), seeded by
+the table's clock, ``step`` and the state's ``rounding`` count, which each update advances.
+
 >>> import jax.numpy as jnp
 >>> slot, g, absent = sum_by_slot(jnp.array([4, -1, 4, 2]), jnp.ones((4, 1)))
 >>> slot.tolist(), g[:, 0].tolist(), int(absent)

@@ -103,9 +103,9 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
 
     Args:
         name: the optimizer's name, used in error messages.
-        init_state: ``table -> state``, a NamedTuple with a field ``skipped`` (and
-            optionally ``rounding=rounding_count(table)``, which seeds the stochastic
-            rounding into half rows with the updates done; without it two updates with the
+        init_state: ``table -> state``, a NamedTuple whose last field is ``skipped``, or
+            ``skipped`` then ``rounding=rounding_count(table)`` (the updates done, which
+            seed the stochastic rounding into half rows; without it two updates with the
             same table clock and ``step`` draw the same random bits);
             leaves whose leading dimension is ``bucket_size`` are per-slot. A state with
             per-slot leaves has an ``owner`` field, :func:`slot_owners` of the table: a
