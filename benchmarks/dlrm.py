@@ -37,9 +37,11 @@ from benchmarks.common import Result, close_result, compare, run_on_host_devices
 FEATURES, DENSE, DIM, VOCAB = 26, 13, 16, 10_000_000
 
 
-def _batches(steps: int, batch: int, seed: int = 0):
+def _batches(steps: int, batch: int, seed: int = 0, learnable: bool = False):
     """Per step: dense features [batch, 13], 26 id columns (64-bit ids, Zipf(1.1) ranks
-    over VOCAB mapped to random-looking ids), labels."""
+    over VOCAB mapped to random-looking ids), labels: clicks with probability 0.25, or
+    (``learnable``) ``sigmoid`` of a hidden logit, :func:`_hidden_logit`, which a model can
+    learn (its AUC then says how well it did)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -48,13 +50,26 @@ def _batches(steps: int, batch: int, seed: int = 0):
         ranks = np.minimum(rng.zipf(1.1, (FEATURES, batch)), VOCAB).astype(np.uint64)
         ids = (ranks * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)  # a bijection of ranks
         dense = rng.standard_normal((batch, DENSE)).astype(np.float32)
-        labels = (rng.random(batch) < 0.25).astype(np.float32)
+        p = 1 / (1 + np.exp(-_hidden_logit(dense, ids))) if learnable else 0.25
+        labels = (rng.random(batch) < p).astype(np.float32)
         out.append((dense, ids, labels))
     return out
 
 
+def _hidden_logit(dense, ids):
+    """The truth of learnable labels: a weight in [-1, 1) per id (a hash of its bits) summed
+    over the features, plus a fixed linear function of the dense features."""
+    import numpy as np
+
+    bits = (ids.view(np.uint64) * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(40)
+    weight = bits.astype(np.float64) / 2**24 * 2 - 1  # [26, batch]
+    return 0.4 * weight.sum(axis=0) + dense @ np.linspace(-0.5, 0.5, DENSE) - 1.0
+
+
 def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: float = 0.9,
-           route_capacity: int | None = None, optimizer=None):
+           route_capacity: int | None = None, optimizer=None, dtype=None):
+    """The hash-embedding model: ``(coll, init, step)``; ``step.predict(state, dense, ids)``
+    gives click probabilities, reading the tables without inserting (``dtype``: the rows')."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -65,7 +80,8 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
     names = tuple(f"c{i}" for i in range(FEATURES))
     coll = EmbeddingCollection([TableConfig(
         "ids", slots, DIM, names, optimizer or ht.optim.adagrad(0.05), 0.01, placement=placement,
-        load_policy=policy, max_load_factor=max_load_factor, route_capacity=route_capacity)])
+        load_policy=policy, max_load_factor=max_load_factor, route_capacity=route_capacity,
+        dtype=dtype or jnp.float32)])
     tx = optax.adam(1e-3)
 
     def init(key):
@@ -83,9 +99,8 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
         tables, looked = coll.lookup_or_insert(state["tables"], features(ids))
 
         def loss(mlp, rows):
-            pooled = coll.pool(looked, rows)
-            x = jnp.concatenate([dense @ mlp["bottom"]] + [pooled[n] for n in names], axis=1)
-            return optax.sigmoid_binary_cross_entropy((x @ mlp["top"])[:, 0], labels).mean()
+            return optax.sigmoid_binary_cross_entropy(logits(mlp, looked, rows, dense),
+                                                      labels).mean()
 
         value, (g_mlp, g_rows) = jax.value_and_grad(loss, argnums=(0, 1))(state["mlp"],
                                                                            looked.rows)
@@ -94,6 +109,17 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
         return {"tables": tables, "mlp": optax.apply_updates(state["mlp"], updates),
                 "opt": opt}, value
 
+    def logits(mlp, looked, rows, dense):
+        pooled = coll.pool(looked, rows)
+        x = jnp.concatenate([dense @ mlp["bottom"]] + [pooled[n] for n in names], axis=1)
+        return (x @ mlp["top"])[:, 0]
+
+    @jax.jit
+    def predict(state, dense, ids):
+        looked = coll.lookup(state["tables"], features(ids))
+        return jax.nn.sigmoid(logits(state["mlp"], looked, looked.rows, dense))
+
+    step.predict = predict
     return coll, init, step
 
 
@@ -381,8 +407,10 @@ def _torchrec_results(quick: bool) -> list[Result]:
 
 
 def run(quick: bool = False) -> list[Result]:
+    from benchmarks._dlrm_half import half_rows  # (it builds on this module's model)
+
     results = [_vs_dense(quick), *_torchrec_results(quick), _filling(quick, "grow"),
-               _filling(quick, "evict")]
+               _filling(quick, "evict"), *half_rows(quick)]
     row = run_on_host_devices("dlrm", quick)
     results.append(Result("DLRM step on 8 host devices", row["sharded_s"], "1 device",
                           row["single_s"], target=4.0, note=row["note"],

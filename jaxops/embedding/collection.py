@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.core.errors import OpArgumentError
+from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.embedding.bags import Bags
 from jaxops.embedding.pooling import check_pooling, pool
 from jaxops.hashtable import (HashTable, LookupInfo, Maintenance, Placement, ShardedHashTable,
@@ -100,6 +100,9 @@ class TableConfig:
             the table nears its limit (``"error"``, ``"grow"``, ``"evict"``,
             ``"evict_lfu"``, or a policy registered in ``LOAD_POLICIES``; see
             :func:`jaxops.hashtable.maintain`).
+        dtype: the rows' dtype, ``jnp.float32`` or ``jnp.bfloat16`` / ``jnp.float16`` (half
+            the rows' memory; lookups still give float32 rows, the optimizer rounds its
+            updates stochastically and keeps float32 state: see ``init_table``).
     """
 
     name: str
@@ -115,6 +118,7 @@ class TableConfig:
     max_load_factor: float = 0.9
     key_dtype: Any = np.int64
     route_capacity: int | None = None
+    dtype: Any = jnp.float32
 
 
 class TableReport(NamedTuple):
@@ -208,7 +212,7 @@ def salt_ids(feature: str, ids: Words64) -> Words64:
 def _initial_values(config: TableConfig, key: jax.Array) -> Any:
     init = config.initializer
     size, dim = config.bucket_size, config.embedding_dim
-    where = dict(placement=config.placement, key_dtype=config.key_dtype)
+    where = dict(placement=config.placement, key_dtype=config.key_dtype, dtype=config.dtype)
     if config.placement is not None:  # a whole number of slots per shard
         size = -(-size // config.placement.num_shards) * config.placement.num_shards
     if init is None:
@@ -217,6 +221,16 @@ def _initial_values(config: TableConfig, key: jax.Array) -> Any:
         return init_table(size, dim, initializer=init, key=key, **where)
     return init_table(size, dim, initializer_mode="constant", constant_value=float(init),
                       **where)
+
+
+def _check_rows_dtype(config: TableConfig) -> None:
+    try:
+        name = jnp.dtype(config.dtype).name
+    except TypeError:
+        name = repr(config.dtype)
+    if name not in ("float32", "bfloat16", "float16"):
+        raise OpDTypeError(_OP, f"{config.name}.dtype", "jnp.float32, jnp.bfloat16 or "
+                           "jnp.float16 (the rows' dtype)", name)
 
 
 class EmbeddingCollection:
@@ -236,6 +250,7 @@ class EmbeddingCollection:
                                       repr(getattr(config, "name", config)))
             names.add(config.name)
             check_pooling(_OP, config.pooling)
+            _check_rows_dtype(config)
             if isinstance(config.features, str) or not config.features:
                 raise OpArgumentError(_OP, f"{config.name}.features",
                                       "a non-empty tuple of feature names", repr(config.features))

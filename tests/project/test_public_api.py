@@ -47,7 +47,8 @@ PUBLIC = {
     "jaxops.hashtable.optim": [
         "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",
         "RowwiseAdagradState", "SgdState", "adagrad", "adam", "adamw", "from_optax", "ftrl",
-        "make_row_optimizer", "rowwise_adagrad", "sgd", "slot_owners", "sum_by_slot",
+        "make_row_optimizer", "rounding_count", "rowwise_adagrad", "sgd", "slot_owners",
+        "sum_by_slot",
     ],
     "jaxops.hashtable.words": [
         "Counter64", "Words64", "add_to_words", "as_words", "join_words", "sum_counters",

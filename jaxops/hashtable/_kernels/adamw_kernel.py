@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.hashtable._kernels.opdefs import APPLY_ADAM_W_OP
+from jaxops.hashtable._table.row_dtype import (is_half, rounding_seed, row_bits,
+                                               stochastic_round)
 from jaxops.hashtable._table.table import EVICTED, VALID, HashTable
 from jaxops.hashtable._table.words64 import Counter64, Words64, add_to_words
 from jaxops.hashtable._walks.batch import (group_first, group_sum, is_first, key_batch, live_slots,
@@ -126,6 +128,10 @@ def adam_w_step(table: HashTable, state: AdamWState, slots: jax.Array, grads, lr
     max_v = jnp.maximum(old(state.max_v), v) if amsgrad else v
     denom = jnp.sqrt(-max_v / (b2p + -1)) + eps
     w = w + (lr * m / (b1p + -1)) / denom
+    if is_half(table.values):  # rounded stochastically, seeded by the clock and beta powers
+        seed = rounding_seed(table.clock, None, jax.lax.bitcast_convert_type(b1p, jnp.uint32)
+                             ^ jax.lax.bitcast_convert_type(b2p, jnp.uint32))
+        w = stochastic_round(w, table.values.dtype, row_bits(seed, at, w.shape[-1]))
     new_state = AdamWState(set_rows(state.m, slot, m, lead), set_rows(state.v, slot, v, lead),
                            set_rows(state.max_v, slot, max_v, lead) if amsgrad else state.max_v,
                            b1p, b2p, record_owners(state.owner, slot, keys, lead & changed),

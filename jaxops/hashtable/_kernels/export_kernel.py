@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.hashtable._kernels.opdefs import EXPORT_OP
+from jaxops.hashtable._table.row_dtype import widened
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import Words64, join_words
 from jaxops.hashtable._walks.probe import take
@@ -70,7 +71,7 @@ def export_shard(table: HashTable, export_mode: str, filtered_export_flag: bool,
     counters = jnp.where(grow(inside), counters, jnp.zeros((), counters.dtype))
     admitted = ((take(table.flags, pick) & FILTER) != 0).astype(jnp.uint8)
     filter_flags = jnp.where(inside, admitted, jnp.uint8(0))
-    values = jnp.where(inside[:, None], take(table.values, pick), 0.0)
+    values = jnp.where(inside[:, None], widened(take(table.values, pick)), 0.0)  # float32
     kept = jnp.minimum(count, size)
     rows, true_rows = jnp.stack([kept]), jnp.stack([count])
     words, true_words = (jnp.stack([kept, jnp.int32(2)]), jnp.stack([count, jnp.int32(2)])) \

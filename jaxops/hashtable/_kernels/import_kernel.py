@@ -15,7 +15,7 @@ EmbeddingHashTableImport OpDef's xla kernel).
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,12 +40,16 @@ class ImportInfo(NamedTuple):
         unplaced: int32: entries lost to a full table (also added to ``table.dropped``).
         over_limit: bool: the call left more than ``table.max_live`` live keys (inside
             ``jit``; eagerly the table's load policy acts instead).
+        rounded: int32: values that a table of half rows (bfloat16, float16) could not hold
+            exactly, rounded to nearest (ties to even; past the dtype's range: infinite);
+            0 for float32 rows.
     """
 
     slots: jax.Array
     inserted: jax.Array
     unplaced: jax.Array
     over_limit: jax.Array
+    rounded: Any = None
 
 
 def import_on_shard(router, statics, table, batch, active, replicated):

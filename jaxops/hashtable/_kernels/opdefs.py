@@ -35,8 +35,10 @@ INIT_OP = register_op(OpDef(
                    expected="an int in [1, 2**31 - 1]"),
            AttrDef("embedding_dim", "int", check=lambda v: v >= 1, expected="an int >= 1"),
            AttrDef("initializer_mode", "str", "random", choices=("random", "constant")),
-           AttrDef("constant_value", "float", 0.0)],
-    doc="A new empty table whose slots hold sampled_values or constant_value rows.",
+           AttrDef("constant_value", "float", 0.0),
+           AttrDef("dtype", "str", "float32", choices=("float32", "bfloat16", "float16"))],
+    doc="A new empty table whose slots hold sampled_values or constant_value rows (dtype: "
+        "the rows', beyond CANN).",
 ))
 
 LOOKUP_OR_INSERT_OP = register_op(OpDef(

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.walk_table import walk_kernel
+from jaxops.hashtable._table.row_dtype import is_half
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._walks.batch import key_batch, live_slots
 from jaxops.hashtable._walks.probe import probe_limit
@@ -45,7 +46,8 @@ def read_rows(table: HashTable, words, active: jax.Array, default_value: float,
               want_rows: bool = True) -> tuple[jax.Array | None, jax.Array]:
     """One shard's ``(rows, live slots)`` of ``words`` (``rows`` None unless wanted): one
     native pass (probe and read) where the walks are native and every lane is a key."""
-    fused = walk_kernel("find_rows") if want_rows else None
+    # The fused walk reads float32 rows; half rows take the probe, then the row move.
+    fused = walk_kernel("find_rows") if want_rows and not is_half(table.values) else None
     if fused is not None:
         fused = functools.partial(fused, limit=probe_limit(table.bucket_size))
         rows, slots = probed_rows(fused, table.values, (table.key_lo, table.key_hi, table.flags,

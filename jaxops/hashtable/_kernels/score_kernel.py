@@ -96,7 +96,8 @@ def _tombstones(table: HashTable, evicted: jax.Array, const_val: float) -> HashT
         counter_lo=jnp.where(evicted, zero, table.counter_lo),
         counter_hi=jnp.where(evicted, zero, table.counter_hi),
         last_access=jnp.where(evicted, zero, table.last_access),
-        values=jnp.where(evicted[:, None], jnp.float32(const_val), table.values),
+        values=jnp.where(evicted[:, None], jnp.asarray(const_val, table.values.dtype),
+                         table.values),
         live=table.live - jnp.sum(evicted, dtype=jnp.int32),
         not_exported=table.not_exported - jnp.sum(evicted & ((table.flags & EXPORT) == 0),
                                                   dtype=jnp.int32))

@@ -3,6 +3,9 @@
 >>> t = init_table(8, 4, initializer_mode="constant", constant_value=0.5)
 >>> t.bucket_size, t.embedding_dim, float(t.values[3, 1]), int(t.live)
 (8, 4, 0.5, 0)
+>>> import jax.numpy as jnp
+>>> init_table(8, 4, initializer_mode="constant", dtype=jnp.bfloat16).values.dtype
+dtype(bfloat16)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from jaxops.hashtable._placement.on_mesh import MeshAxis
 from jaxops.hashtable._placement.placement import ONE_DEVICE, Placement
 from jaxops.hashtable._table.buffers import filled
 from jaxops.hashtable._table.checks import check_key_dtype
+from jaxops.hashtable._table.row_dtype import check_row_dtype
 from jaxops.hashtable._table.table import HashTable, check_bucket_size, slot_bytes
 from jaxops.ops.loops import while_loop
 
@@ -42,7 +46,8 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
                constant_value: float = 0.0, sampled_values: jax.Array | None = None,
                key: jax.Array | None = None, key_dtype: Any = np.int64,
                placement: Placement | None = None,
-               initializer: Callable[..., jax.Array] | None = None) -> Any:
+               initializer: Callable[..., jax.Array] | None = None,
+               dtype: Any = jnp.float32) -> Any:
     """A table of ``bucket_size`` empty slots, each already holding the row a new key gets.
 
     Args:
@@ -66,6 +71,12 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
             own device: no full table on one device). With ``initializer_mode="random"`` and a PRNG
             ``key``, shard ``i`` draws with ``fold_in(key, i)``; ``sampled_values`` are split by
             shard.
+        initializer: a JAX initializer ``f(key, shape, dtype)`` drawing the rows (random
+            mode, with ``key``); a grown table draws its new rows from it too.
+        dtype: the rows' dtype (static): ``jnp.float32``, or ``jnp.bfloat16`` /
+            ``jnp.float16`` for half the rows' memory (see
+            :mod:`~jaxops.hashtable._table.row_dtype`: rows drawn or given in float32 are
+            rounded to nearest; reads give float32; optimizers round stochastically).
 
     Returns:
         The new table (no keys, counters zero).
@@ -74,6 +85,7 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
     bucket_size = check_bucket_size(op, bucket_size)
     embedding_dim = _check_embedding_dim(op, embedding_dim)  # before the arguments sized by it
     key_dtype = check_key_dtype(op, key_dtype)
+    dtype = check_row_dtype(op, dtype)
     placement = ONE_DEVICE if placement is None else placement
     if not isinstance(placement, Placement):
         raise OpArgumentError(op, "placement", "None, ONE_DEVICE or a MeshAxis(mesh, axis)",
@@ -87,21 +99,23 @@ def init_table(bucket_size: int, embedding_dim: int, *, initializer_mode: str = 
         sampled_values, kept = _drawn(op, initializer, initializer_mode, sampled_values, key,
                                       placement, bucket_size, embedding_dim)
     per_device = -(-bucket_size // placement.num_shards)
-    refuse_unless_fits(op, "bucket_size", per_device * slot_bytes(embedding_dim),
-                       f"{per_device} slots of {slot_bytes(embedding_dim)} bytes on a device",
+    refuse_unless_fits(op, "bucket_size", per_device * slot_bytes(embedding_dim, dtype),
+                       f"{per_device} slots of {slot_bytes(embedding_dim, dtype)} bytes on a "
+                       "device",
                        placement.mesh.devices.flat if placement.routes else None)
     statics = dict(key_dtype=key_dtype, initializer=kept)
     if placement.routes:
         return _on_shards(placement, bucket_size, embedding_dim, initializer_mode,
-                          float(constant_value), sampled_values, key, statics)
+                          float(constant_value), sampled_values, key, statics, dtype.name)
     if initializer_mode == "random" and sampled_values is None:
-        return _random_table(key, bucket_size, embedding_dim).replace(**statics)
+        return _random_table(key, bucket_size, embedding_dim, dtype.name).replace(**statics)
     if initializer_mode != "random":
         sampled_values = None
     elif isinstance(sampled_values, np.ndarray):  # one host-to-device copy (jnp.asarray: two)
         sampled_values = jax.device_put(np.asarray(sampled_values, np.float32))
     (table,) = INIT_OP(sampled_values, bucket_size=bucket_size, embedding_dim=embedding_dim,
-                       initializer_mode=initializer_mode, constant_value=constant_value)
+                       initializer_mode=initializer_mode, constant_value=constant_value,
+                       dtype=dtype.name)
     return table.replace(**statics)
 
 
@@ -158,20 +172,27 @@ def initializer_rows(initializer: tuple, num_slots: int, dim: int) -> dict:
 
 
 @INIT_OP.kernel("xla")
-def _init_kernel(sampled_values, *, bucket_size, embedding_dim, initializer_mode, constant_value):
+def _init_kernel(sampled_values, *, bucket_size, embedding_dim, initializer_mode, constant_value,
+                 dtype):
     if initializer_mode == "constant":
-        return (_constant_table(bucket_size, embedding_dim, constant_value),)
+        return (_constant_table(bucket_size, embedding_dim, constant_value, dtype),)
     want = bucket_size * embedding_dim
     if int(np.prod(np.shape(sampled_values))) != want:
         raise OpArgumentError(INIT_OP.name, "sampled_values", f"{want} values (bucket_size * "
                               "embedding_dim) in random mode", f"shape {np.shape(sampled_values)}")
-    return (HashTable.empty(bucket_size, embedding_dim, sampled_values),)
+    return (HashTable.empty(bucket_size, embedding_dim, _as_rows(sampled_values, dtype)),)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _constant_table(bucket_size, embedding_dim, constant_value):
+def _as_rows(values: Any, dtype: str) -> jax.Array:
+    """Rows given in float32 (or any float) as the table's rows: float32, or rounded to
+    nearest into a half dtype."""
+    return jnp.asarray(values, jnp.float32).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+def _constant_table(bucket_size, embedding_dim, constant_value, dtype="float32"):
     return HashTable.empty(bucket_size, embedding_dim,
-                           filled((bucket_size, embedding_dim), jnp.float32, constant_value))
+                           filled((bucket_size, embedding_dim), dtype, constant_value))
 
 
 def _check_embedding_dim(op: str, embedding_dim) -> int:
@@ -181,26 +202,27 @@ def _check_embedding_dim(op: str, embedding_dim) -> int:
     return int(embedding_dim)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _random_table(key, bucket_size, embedding_dim):
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _random_table(key, bucket_size, embedding_dim, dtype="float32"):
     rows = max(1, min(bucket_size, _RANDOM_CHUNK_VALUES // embedding_dim))
     steps = -(-bucket_size // rows)
 
     def draw(i, values):
         chunk = jax.random.uniform(jax.random.fold_in(key, i), (rows, embedding_dim),
-                                   jnp.float32, *RANDOM_RANGE)
+                                   jnp.float32, *RANDOM_RANGE).astype(dtype)
         # The last chunk may overhang: dynamic_update_slice moves it back to end at the
         # table's end (deterministic, like every other chunk).
         return jax.lax.dynamic_update_slice_in_dim(values, chunk, i * rows, 0)
 
     # loops.while_loop: also inside shard_map(check_vma=True) with a device-varying key.
     _, values = while_loop(lambda s: s[0] < steps, lambda s: (s[0] + 1, draw(*s)),
-                           (jnp.int32(0), filled((bucket_size, embedding_dim), jnp.float32, 0.0)))
+                           (jnp.int32(0), filled((bucket_size, embedding_dim), dtype, 0.0)))
     return HashTable.empty(bucket_size, embedding_dim, values)
 
 
 def _on_shards(placement: Placement, num_slots: int, dim: int, initializer_mode: str,
-               constant_value: float, sampled: Any, key: Any, table_statics: dict) -> Any:
+               constant_value: float, sampled: Any, key: Any, table_statics: dict,
+               dtype: str) -> Any:
     """Every shard built on its own device (shard ``i`` draws with ``fold_in(key, i)``)."""
     shards = placement.num_shards
     per = -(-num_slots // shards)
@@ -210,10 +232,10 @@ def _on_shards(placement: Placement, num_slots: int, dim: int, initializer_mode:
             raise OpArgumentError(INIT_OP.name, "sampled_values", f"{per * shards} x {dim} "
                                   "values (the rounded-up bucket_size x embedding_dim)",
                                   f"shape {tuple(sampled.shape)}")
-        sampled = sampled.reshape(shards, per, dim)
+        sampled = sampled.reshape(shards, per, dim).astype(dtype)
     else:
         sampled = None
-    statics = (per, dim, initializer_mode, constant_value, key is not None)
+    statics = (per, dim, initializer_mode, constant_value, key is not None, dtype)
     shards_table = placement.build(_shard_table, statics, key).replace(**table_statics)
     if sampled is not None:
         shards_table = placement.map(_with_rows, None, (shards_table, sampled))[0]
@@ -226,10 +248,10 @@ def _with_rows(router, statics, state, replicated):
 
 
 def _shard_table(router, statics, key):
-    per, dim, mode, constant_value, has_key = statics
+    per, dim, mode, constant_value, has_key, dtype = statics
     if mode == "random" and has_key:
-        return _random_table(jax.random.fold_in(key, router.index()), per, dim)
-    return _constant_table(per, dim, constant_value)  # random rows: sampled_values, below
+        return _random_table(jax.random.fold_in(key, router.index()), per, dim, dtype)
+    return _constant_table(per, dim, constant_value, dtype)  # random rows: sampled_values, below
 
 
 def init_sharded_table(num_slots: int, embedding_dim: int, mesh: Any, axis: str,

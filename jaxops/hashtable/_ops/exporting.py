@@ -65,8 +65,9 @@ def export(tables: Any, *, export_mode: str = "all", filtered_export_flag: bool 
         x64 off both are uint32 ``[n, 2]`` word pairs
         (:func:`~jaxops.hashtable._table.table.host_keys` and
         :func:`~jaxops.hashtable._table.words64.to_host_int64` join them); filter_flags uint8 (1
-        where FILTER is set); values float32. The returned tables have EXPORT set on the exported
-        entries and the not-exported count lowered by the newly exported.
+        where FILTER is set); values float32 (half rows widened, exactly). The returned
+        tables have EXPORT set on the exported entries and the not-exported count lowered by
+        the newly exported.
     """
     op = EXPORT_OP.name
     single = not isinstance(tables, (list, tuple))
@@ -177,7 +178,7 @@ def _chunks(shards: dict, chunk_slots: int, export_mode: str, filtered: bool
             yield ExportChunk(pick + start + base, keys,
                               _join_host(rows.counter_lo[pick], rows.counter_hi[pick]),
                               ((rows.flags[pick] & FILTER) != 0).astype(np.uint8),
-                              rows.values[pick])
+                              rows.values[pick].astype(np.float32))  # half rows: exact
 
 
 def _join_host(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from jaxops.hashtable._placement.load_policy import Inserting
 from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._placement.run import run_batch
 from jaxops.hashtable._table.checks import check_numeric
+from jaxops.hashtable._table.row_dtype import rounded_count
 from jaxops.hashtable._walks.batch import flat_words
 
 __all__ = ["ImportInfo", "import_"]
@@ -50,7 +51,9 @@ def import_(table: Any, keys: Any, counters: Any, filter_flags: Any, values: Any
         keys: int64 keys ``[N]`` in any accepted form.
         counters: uint64 ``[N]`` (numpy uint64, JAX uint64 with x64, uint32, or Words64).
         filter_flags: uint8-like ``[N]``.
-        values: float32 ``[N, embedding_dim]``.
+        values: float32 ``[N, embedding_dim]``. A table of half rows rounds them to
+            nearest and counts the values that changed (``info.rounded``): float32 values
+            that the half dtype holds (e.g. ``export``'s of such a table) come back exact.
         route_capacity, overflow: on a mesh, as in ``lookup_or_insert``.
 
     Returns:
@@ -72,8 +75,9 @@ def import_(table: Any, keys: Any, counters: Any, filter_flags: Any, values: Any
     if rows.size != n * dim:
         raise OpArgumentError(op, "values", f"[{n}, {dim}] float32 rows",
                               f"shape {tuple(rows.shape)}")
+    rounded = rounded_count(rows, storage.values.dtype)
     batch = (words, (count_words, flags, rows.reshape(n, dim)))
     ran = run_batch(op, table, import_on_shard, None, batch, inserting=Inserting(words),
                     route_capacity=route_capacity, overflow=overflow)
     inserted, unplaced, over = ran.totals
-    return ran.table, ImportInfo(ran.per_key, inserted, unplaced, over)
+    return ran.table, ImportInfo(ran.per_key, inserted, unplaced, over, rounded)

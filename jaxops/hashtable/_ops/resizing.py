@@ -39,9 +39,9 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
     CANN, which has no resize: they only kept evicted keys' slots, and their keys are gone
     either way), so a table may shrink to its live keys. The
     new table's free slots get rows as in :func:`init_table` (the initializer arguments are passed
-    on); the load limit and policy are kept. On a mesh ``new_bucket_size`` is the slots in all (each
-    shard gets ``ceil(new_bucket_size / num_shards)``) and shard ``i``'s free rows are drawn with
-    ``fold_in(key, i)``.
+    on); the load limit and policy and the rows' dtype are kept. On a mesh ``new_bucket_size``
+    is the slots in all (each shard gets ``ceil(new_bucket_size / num_shards)``) and shard
+    ``i``'s free rows are drawn with ``fold_in(key, i)``.
 
     ``states``: optimizer states beside the table, each as ``(state, init)`` with ``init``
     the function that makes that state for a table (``opt.init``, ``adam_w_init``). They are
@@ -73,7 +73,7 @@ def resize(table: Any, new_bucket_size: int, *, initializer_mode: str | None = N
                                               constant_value=constant_value,
                                               sampled_values=sampled_values, key=key)
     fresh = placement.storage(init_table(slots, storage.embedding_dim, placement=placement,
-                                         **rows))
+                                         dtype=storage.values.dtype, **rows))
     fresh = fresh.replace(max_load_factor=storage.max_load_factor,
                           load_policy=storage.load_policy, key_dtype=storage.key_dtype,
                           initializer=storage.initializer)

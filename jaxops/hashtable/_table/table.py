@@ -2,9 +2,11 @@
 
 A table is ``bucket_size`` slots of open addressing, one key per slot (CANN's bucket array).
 Per slot it holds a key (int64, ``-1`` = empty), an access counter (uint64), a flag byte and
-``embedding_dim`` float32 values. 64-bit quantities are stored as two uint32 words
-``(lo, hi)`` so that every operation runs the same with ``jax_enable_x64`` off and on; they
-become int64 / uint64 only at the host boundary (or as JAX arrays when x64 is on).
+``embedding_dim`` values: float32, or bfloat16 / float16 when the table was made so
+(``init_table(..., dtype=jnp.bfloat16)``; see :mod:`~jaxops.hashtable._table.row_dtype`).
+64-bit quantities are stored as two uint32 words ``(lo, hi)`` so that every operation runs
+the same with ``jax_enable_x64`` off and on; they become int64 / uint64 only at the host
+boundary (or as JAX arrays when x64 is on).
 
 A key is a 64-bit pattern. A table's static ``key_dtype`` (``init_table(...,
 key_dtype=np.uint64)``; default int64, CANN's dtype; int32 / uint32 for ids that are 32-bit)
@@ -49,6 +51,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.hashtable._table.buffers import filled
 from jaxops.hashtable._table.checks import KEY_DTYPES, check_int, check_numeric
+from jaxops.hashtable._table.row_dtype import is_half
 from jaxops.hashtable._table.words64 import EMPTY_WORD, Counter64, Words64, to_host_int64
 
 __all__ = ["EVICTED", "EXPORT", "FILTER", "MAX_BUCKET_SIZE", "VALID", "HashTable",
@@ -66,16 +69,17 @@ def check_bucket_size(op: str, bucket_size: Any, arg: str = "bucket_size") -> in
     return check_int(op, arg, bucket_size, 1, MAX_BUCKET_SIZE)
 
 
-def slot_bytes(embedding_dim: int) -> int:
-    """The device bytes one slot of a table takes: its float32 row, six uint32 words
-    (key, counter, last access, epoch) and its flag byte. A table of ``bucket_size`` slots
-    holds ``bucket_size * slot_bytes(embedding_dim)`` bytes (on a mesh, each device its
-    shard's share); ``init_table`` refuses one that the devices cannot hold.
+def slot_bytes(embedding_dim: int, dtype: Any = jnp.float32) -> int:
+    """The device bytes one slot of a table takes: its row (``dtype``: float32, or a half
+    dtype, 2 bytes a value), six uint32 words (key, counter, last access, epoch) and its
+    flag byte. A table of ``bucket_size`` slots holds ``bucket_size * slot_bytes(
+    embedding_dim, dtype)`` bytes (on a mesh, each device its shard's share); ``init_table``
+    refuses one that the devices cannot hold.
 
-    >>> slot_bytes(8)
-    57
+    >>> slot_bytes(8), slot_bytes(8, jnp.bfloat16)
+    (57, 41)
     """
-    return 4 * embedding_dim + 4 * 6 + 1
+    return jnp.dtype(dtype).itemsize * embedding_dim + 4 * 6 + 1
 
 
 @jax.tree_util.register_dataclass
@@ -88,7 +92,8 @@ class HashTable:
         key_lo, key_hi: uint32 ``[bucket_size]``, the key words (``-1`` = both 0xFFFFFFFF).
         counter_lo, counter_hi: uint32 ``[bucket_size]``, the uint64 access counter.
         flags: uint8 ``[bucket_size]``, VALID / FILTER / EXPORT / EVICTED bits.
-        values: float32 ``[bucket_size, embedding_dim]``.
+        values: ``[bucket_size, embedding_dim]``, float32, bfloat16 or float16 (the
+            table's row dtype, ``init_table``'s ``dtype``).
         last_access: uint32 ``[bucket_size]``, the ``clock`` of the last lookup that touched
             the slot (0: never, or a tombstone); the LRU score (not in CANN).
         epoch: uint32 ``[bucket_size]``, how many times a key was placed in the slot (a new
@@ -158,18 +163,22 @@ class HashTable:
 
     @classmethod
     def empty(cls, bucket_size: int, embedding_dim: int, values: jax.Array) -> "HashTable":
-        """A table with no keys whose slots hold ``values`` (the rows new keys start with)."""
+        """A table with no keys whose slots hold ``values`` (the rows new keys start with):
+        bfloat16 / float16 ``values`` make a table of half rows, any other float32 rows."""
         # Every field its own buffer: a jitted step may donate the whole table.
         full = lambda: filled((bucket_size,), jnp.uint32, EMPTY_WORD)  # noqa: E731
         zero = lambda: filled((bucket_size,), jnp.uint32, 0)  # noqa: E731
         count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
         byte = filled((bucket_size,), jnp.uint8, 0)
-        values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
+        dtype = values.dtype if is_half(getattr(values, "dtype", np.float32)) else jnp.float32
+        values = jnp.asarray(values, dtype).reshape(bucket_size, embedding_dim)
         return cls(full(), full(), zero(), zero(), byte, values, zero(), zero(), count(),
                    count(), Counter64.zero(), jnp.zeros((), jnp.uint32))
 
     def __repr__(self) -> str:
         dtype = "" if self.key_dtype == "int64" else f", key_dtype={self.key_dtype!r}"
+        if is_half(self.values):
+            dtype += f", dtype={self.values.dtype.name}"
         return (f"HashTable(bucket_size={self.bucket_size}, embedding_dim={self.embedding_dim}"
                 f"{dtype})")
 

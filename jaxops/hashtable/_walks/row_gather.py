@@ -32,6 +32,8 @@ def gather_rows(values: jax.Array, slots: jax.Array, default_value: float = 0.0)
     The VJP w.r.t. ``values`` scatter-adds each row's cotangent into its slot (rows of slot
     -1 send nothing), so ``jax.grad`` of a loss over looked-up rows reaches the table rows;
     duplicate slots accumulate.
+
+    Half rows (bfloat16, float16) come back as float32 (exact), ``default_value`` too.
     """
     return _gather(values, slots, default_value)
 
@@ -66,10 +68,10 @@ def put_each(arrays: list[jax.Array], at: jax.Array, rows: list[jax.Array]) -> l
     the native path one C++ pass with prefetches for all of them, else XLA's scatters."""
     native = walk_kernel("put_rows")
     at = at.astype(jnp.int32)
+    rows = [r.astype(a.dtype) for a, r in zip(arrays, rows)]  # float32 into half rows: nearest
     if native is not None and at.ndim == 1 and arrays:
         return list(native(arrays, at, rows))
-    return [a.at[at].set(r.astype(a.dtype), mode="drop", unique_indices=True)
-            for a, r in zip(arrays, rows)]
+    return [a.at[at].set(r, mode="drop", unique_indices=True) for a, r in zip(arrays, rows)]
 
 
 def check_slots(slots: np.ndarray, rows: int) -> None:
@@ -84,13 +86,27 @@ def check_slots(slots: np.ndarray, rows: int) -> None:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _gather(values: jax.Array, slots: jax.Array, default_value: float = 0.0) -> jax.Array:
     flat = slots.reshape(-1)
-    native = walk_kernel("gather_rows") if values.dtype == jnp.float32 else None
+    if values.dtype != jnp.float32:  # half rows: moved as they are, then widened
+        return _gather_half(values, flat, default_value).reshape(*slots.shape, values.shape[-1])
+    native = walk_kernel("gather_rows")
     if native is not None and flat.dtype == jnp.int32:
         rows = native(values, flat, default_value)  # one C++ loop with prefetching
     else:
         outside = jnp.where(flat >= 0, flat, values.shape[0])  # -1 would wrap around
         rows = jnp.take(values, outside, axis=0, mode="fill", fill_value=default_value)
     return rows.reshape(*slots.shape, values.shape[-1])
+
+
+def _gather_half(values: jax.Array, flat: jax.Array, default_value: float) -> jax.Array:
+    """float32 rows of half ``values`` at ``flat`` (-1: ``default_value``): the native row
+    move (bytes, any dtype) where the walks are native, else XLA's gather."""
+    native = walk_kernel("take_rows")
+    if native is not None and flat.dtype == jnp.int32 and flat.ndim == 1:
+        rows = native([values], flat)[0]  # slots outside [0, rows) give zeros
+    else:
+        rows = jnp.take(values, jnp.where(flat >= 0, flat, values.shape[0]), axis=0,
+                        mode="fill", fill_value=0)
+    return jnp.where((flat >= 0)[:, None], rows.astype(jnp.float32), jnp.float32(default_value))
 
 
 def _gather_fwd(values, slots, default_value):
@@ -102,7 +118,8 @@ def _gather_bwd(default_value, res, cotangent):
     shape, dtype = values.shape, values.dtype
     flat = slots.reshape(-1)
     where = jnp.where(flat >= 0, flat, shape[0])
-    grad = jnp.zeros(shape, dtype).at[where].add(cotangent.reshape(-1, shape[-1]), mode="drop")
+    grad = jnp.zeros(shape, dtype).at[where].add(cotangent.reshape(-1, shape[-1]).astype(dtype),
+                                                 mode="drop")
     return grad, None
 
 

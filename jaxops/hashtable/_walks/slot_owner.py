@@ -121,13 +121,19 @@ def reset_rows(state: Any, init: Any, slots: jax.Array) -> Any:
     width = _row_width(state, size)
     fresh = init(HashTable.empty(1, width, jnp.zeros((1, width), jnp.float32)))
 
-    def reset(o, f):
-        if jnp.ndim(o) >= 1 and jnp.shape(o)[0] == size and jnp.shape(f)[:1] == (1,):
+    # Matched by path: a leaf the fresh state lacks (a half table's rounding count, which a
+    # float32 table's state has as None) is kept.
+    fresh_leaves = dict(jax.tree_util.tree_flatten_with_path(fresh)[0])
+
+    def reset(path, o):
+        f = fresh_leaves.get(path)
+        if f is not None and jnp.ndim(o) >= 1 and jnp.shape(o)[0] == size and \
+                jnp.shape(f)[:1] == (1,):
             mask = slots.reshape(-1, *([1] * (jnp.ndim(o) - 1)))
             return jnp.where(mask, f.astype(o.dtype), o)
         return o
 
-    return jax.tree.map(reset, state, fresh)
+    return jax.tree_util.tree_map_with_path(reset, state)
 
 
 def _row_width(state: Any, size: int) -> int:

@@ -22,6 +22,17 @@ CANN's Evict leaves. Byte 23 with 0x8 set is refused, saying where the bit belon
 >>> back = ht.cann.from_cann_bytes(buf, 3)
 >>> bool((ht.cann.to_cann_bytes(back) == buf).all())
 True
+
+**Half rows.** CANN's rows are float32. A table of bfloat16 / float16 rows writes them
+widened (exact), and ``from_cann_bytes(..., dtype=jnp.bfloat16)`` reads them back exactly
+when every value fits the half dtype (any table of half rows' bytes do); a float32 value
+that does not is refused, naming the first and the count, unless ``inexact="round"``
+rounds them to nearest (ties to even).
+
+>>> import jax.numpy as jnp
+>>> half = ht.cann.from_cann_bytes(buf, 3, dtype=jnp.bfloat16)
+>>> half.values.dtype, bool((ht.cann.to_cann_bytes(half) == buf).all())
+(dtype(bfloat16), True)
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from jaxops.hashtable._placement.placement import placement_of
 from jaxops.hashtable._table.checks import check_int, check_key_dtype, check_numeric
 from jaxops.hashtable._table.host_chunks import HostRows
 from jaxops.hashtable._table.murmur import home_slot
+from jaxops.hashtable._table.row_dtype import check_row_dtype
 from jaxops.hashtable._table.table import EVICTED, EXPORT, FILTER, VALID, HashTable
 from jaxops.hashtable._table.words64 import as_counter
 from jaxops.hashtable._walks.probe_check import BeyondWindow, ProbeCheck
@@ -80,6 +92,7 @@ def cann_rows(rows: HostRows) -> np.ndarray:
     out[:, 16:20] = ((rows.flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
     out[:, _CANN_EVICTED_BYTE] = rows.flags & EVICTED
     out[:, 23] = rows.flags & _FLAG_BYTE_BITS
+    # Half rows widen exactly (CANN's rows are float32).
     out[:, 24:24 + 4 * dim] = np.asarray(rows.values, "<f4").view(np.uint8).reshape(size, 4 * dim)
     return out
 
@@ -89,12 +102,15 @@ def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.stack([lo, hi], axis=-1).astype("<u4").view(np.uint8).reshape(-1, 8)
 
 
-def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = np.int64
-                    ) -> HashTable:
+def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = np.int64,
+                    dtype: Any = jnp.float32, inexact: str = "error") -> HashTable:
     """The exact inverse of :func:`to_cann_bytes` (a flat buffer is accepted too).
 
     The bytes hold each key's 64 bits; ``key_dtype`` (as in ``init_table``) says which
     dtype the new table's keys have (the table's own is not part of CANN's layout).
+    ``dtype`` is the new table's rows' (as in ``init_table``); with a half dtype a float32
+    value it cannot hold exactly is refused (``inexact="error"``) or rounded to nearest
+    (``inexact="round"``; past the dtype's range: infinite).
 
     EVICTED is read from byte 20, where CANN's evict kernel writes it (see the module
     docstring). The live / not-exported counts are recounted from the flags; ``dropped``,
@@ -104,10 +120,15 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
         OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
             disagrees with VALID, an empty slot that is not blank, unknown flag bits or
             EVICTED in byte 23; or a structure the walks would not read right (a key
-            unreachable from its home slot or beyond its window, a key held twice).
+            unreachable from its home slot or beyond its window, a key held twice);
+            with ``inexact="error"``, a value that ``dtype`` does not hold.
+        OpDTypeError: a ``dtype`` other than float32, bfloat16 or float16.
     """
     op = "from_cann_bytes"
     key_dtype = check_key_dtype(op, key_dtype)
+    dtype = check_row_dtype(op, dtype)
+    if inexact not in ("error", "round"):
+        raise OpArgumentError(op, "inexact", "'error' or 'round'", repr(inexact))
     embedding_dim = check_int(op, "embedding_dim", embedding_dim, 1, 2**31 - 1, "an int >= 1")
     width = row_bytes(embedding_dim)
     buf = np.asarray(check_numeric(op, "buffer", buffer, "a uint8 bucket array (to_cann_bytes)",
@@ -131,11 +152,31 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
         raise OpArgumentError(op, "buffer", "buckets of a table the walks read right",
                               str(e)) from None
     live, not_exported = live_counts(rows.flags)
+    rows = rows._replace(values=_half_rows(op, rows.values, dtype, inexact))
     return HashTable(*(jnp.asarray(f) for f in rows[:6]),
                      last_access=jnp.zeros(rows.flags.shape, jnp.uint32),
                      epoch=jnp.zeros(rows.flags.shape, jnp.uint32), live=jnp.int32(live),
                      not_exported=jnp.int32(not_exported), dropped=as_counter(0),
                      clock=jnp.zeros((), jnp.uint32), key_dtype=key_dtype)
+
+
+def _half_rows(op: str, values: np.ndarray, dtype: np.dtype, inexact: str) -> np.ndarray:
+    """float32 bucket values as the table's rows (see :func:`from_cann_bytes`)."""
+    if dtype == np.float32:
+        return values
+    with np.errstate(over="ignore"):
+        rows = values.astype(dtype)
+    back = rows.astype(np.float32)
+    changed = ~((back == values) | (np.isnan(back) & np.isnan(values)))
+    if inexact == "error" and changed.any():
+        at = np.argwhere(changed)[0]
+        raise OpArgumentError(op, "buffer", f"float32 values that {dtype.name} holds exactly "
+                              f"(dtype={dtype.name})", f"{int(changed.sum())} that it does not, "
+                              f"the first {float(values[tuple(at)])!r} in bucket {at[0]}, "
+                              f"column {at[1]} (it would be {float(back[tuple(at)])!r})",
+                              "Pass inexact='round' to round them to nearest, or keep "
+                              "float32 rows (dtype=jnp.float32).")
+    return rows
 
 
 def live_counts(flags: np.ndarray) -> tuple[int, int]:

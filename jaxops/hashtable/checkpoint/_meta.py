@@ -37,6 +37,7 @@ import numpy as np
 from jaxops.core.errors import CheckpointError
 from jaxops.hashtable._placement.load_policy import LOAD_POLICIES
 from jaxops.hashtable._table.checks import KEY_DTYPES
+from jaxops.hashtable._table.row_dtype import ROW_DTYPES
 from jaxops.hashtable._table.table import MAX_BUCKET_SIZE
 from jaxops.hashtable.checkpoint._tree import SHARD_FIELDS, SLOT_FIELDS, Parts
 
@@ -245,11 +246,12 @@ def _check_table(where: str, name: str, table: Any, leaves: dict) -> None:
         want["unrouted"] = []
     for f, shape in want.items():
         leaf = leaves.get(f"{name}.{f}")
+        dtypes = ROW_DTYPES if f == "values" else (_TABLE_DTYPES[f],)  # rows: any row dtype
         if leaf is None or leaf["kind"] != "table" or leaf["shape"] != shape or \
-                leaf["dtype"] != _TABLE_DTYPES[f] or len(leaf["sums"]) != (
+                leaf["dtype"] not in dtypes or len(leaf["sums"]) != (
                     n if lead and f != "unrouted" else 1):
             _fail(where, f"leaves[{name + '.' + f!r}]", leaf,
-                  f"a table array of shape {shape}, dtype {_TABLE_DTYPES[f]}")
+                  f"a table array of shape {shape}, dtype {' or '.join(dtypes)}")
 
 
 def _check_initializer(where: str, field: str, init: Any) -> None:

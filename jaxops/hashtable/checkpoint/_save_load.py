@@ -124,14 +124,15 @@ def _lone_table_target(path: str, placement, shard_size, constant_value) -> Any:
     m = placement.num_shards
     per = -(-(n * size) // m) if shard_size is None else int(shard_size)
     # the checkpoint says how big: refused before anything is allocated
-    refuse_unless_fits("load", "path", per * slot_bytes(dim),
+    dtype = body["leaves"]["~root.values"]["dtype"]  # the rows' (checked: a row dtype)
+    refuse_unless_fits("load", "path", per * slot_bytes(dim, dtype),
                        f"{path!r} holds a table of {per * m} x {dim} slots, {per} a device",
                        placement.mesh.devices.flat if placement.routes else None)
 
     def make():
         return init_table(per * m, dim, initializer_mode="constant",
                           constant_value=constant_value, key_dtype=saved["key_dtype"],
-                          placement=placement)
+                          placement=placement, dtype=dtype)
 
     return jax.eval_shape(make) if (n, size) == (m, per) else make()
 

@@ -52,13 +52,20 @@ def restore_table(stored: StoredArrays, body: dict, target: TablePart,
     Raises:
         CheckpointError: a checksum mismatch or content that is not a valid table.
         OpArgumentError: another layout with an abstract target, a target of another row
-            width, or entries that do not fit the target's shards.
+            width or row dtype, or entries that do not fit the target's shards.
     """
     saved = body["tables"][target.name]
     if saved["embedding_dim"] != target.storage.embedding_dim:
         raise OpArgumentError("restore", f"target {target.where}", f"a table of embedding_dim "
                               f"{saved['embedding_dim']} (as saved)",
                               f"embedding_dim {target.storage.embedding_dim}")
+    rows = body["leaves"][f"{target.name}.values"]["dtype"]
+    if rows != str(target.storage.values.dtype):
+        raise OpArgumentError("restore", f"target {target.where}", f"a table of {rows} rows "
+                              "(as saved)", f"{target.storage.values.dtype} rows",
+                              f"Make the target with init_table(..., dtype=jnp.{rows}); to "
+                              "change a table's row dtype, export it and import_ it into a "
+                              "new table.")
     for s in states:
         check_state_shapes(body, saved, target, s)
     reader = SavedTable(stored, body, target.name, saved, states, target)

@@ -8,11 +8,12 @@ leaves are arrays or scalars. :func:`parts` walks it and finds:
   (``key_lo`` ... ``last_access``, ``[slots]`` on one device, ``[shards, slots]`` on a
   mesh), their per-shard counts and (on a mesh) ``unrouted``, under the table's name, the
   same names on every placement; their static fields go to the checkpoint's metadata;
-- **row optimizer states**: NamedTuples whose last field is ``skipped`` (every optimizer of
-  ``jaxops.hashtable.optim``, ``adam_w_init``'s state). Each belongs to the table of the
-  same layout nearest to it in the tree: the longest common path prefix, then the longest
-  common suffix of the rest (``state["ids"].opt_state`` goes with ``state["ids"].table``;
-  ``opt["a"]`` with ``tables["a"]``); a tie is an error that names both tables. Its leaves
+- **row optimizer states**: NamedTuples whose last field is ``skipped``, or ``skipped`` then
+  ``rounding`` (every optimizer of ``jaxops.hashtable.optim``, ``adam_w_init``'s state).
+  Each belongs to the table of the same layout nearest to it in the tree: the longest
+  common path prefix, then the longest common suffix of the rest
+  (``state["ids"].opt_state`` goes with ``state["ids"].table``; ``opt["a"]`` with
+  ``tables["a"]``); a tie is an error that names both tables. Its leaves
   with a slot axis are *slot* leaves (moved with their keys when a restore re-owns them),
   the others are *shard* leaves (one value per shard);
 - every other leaf is *plain* (Orbax restores it onto the target's sharding).
@@ -53,8 +54,10 @@ _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 
 
 def is_row_state(x: Any) -> bool:
-    """A row optimizer's state: a NamedTuple whose last field is ``skipped``."""
-    return isinstance(x, tuple) and tuple(getattr(x, "_fields", ()))[-1:] == ("skipped",)
+    """A row optimizer's state: a NamedTuple whose last field is ``skipped`` (or
+    ``skipped`` then ``rounding``, the count a state of half rows keeps)."""
+    fields = tuple(getattr(x, "_fields", ())) if isinstance(x, tuple) else ()
+    return fields[-1:] == ("skipped",) or fields[-2:] == ("skipped", "rounding")
 
 
 def _is_table(x: Any) -> bool:

@@ -15,6 +15,7 @@ jitted step donates them.
 (0, (1, 2))
 """
 
+from jaxops.hashtable.optim._apply import rounding_count
 from jaxops.hashtable.optim._optax import OptaxRowState, from_optax
 from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, slot_owners, sum_by_slot
 from jaxops.hashtable.optim._rules import (AdagradState, AdamState, FtrlState, RowwiseAdagradState,
@@ -24,5 +25,6 @@ from jaxops.hashtable.optim._rules import (AdagradState, AdamState, FtrlState, R
 __all__ = [
     "AdagradState", "AdamState", "FtrlState", "OptaxRowState", "RowOptimizer",
     "RowwiseAdagradState", "SgdState", "adagrad", "adam", "adamw", "from_optax", "ftrl",
-    "make_row_optimizer", "rowwise_adagrad", "sgd", "slot_owners", "sum_by_slot",
+    "make_row_optimizer", "rounding_count", "rowwise_adagrad", "sgd", "slot_owners",
+    "sum_by_slot",
 ]

@@ -7,6 +7,10 @@ scatters into the table's and the state's own buffers, which XLA updates in plac
 caller's ``jax.jit`` donates them. :func:`update_on_shard` routes each slot and its gradient
 to the slot's shard and runs :func:`apply_rule` there.
 
+On a table of half rows the rule sees the rows widened to float32, and its new rows are
+rounded stochastically into the table (:mod:`~jaxops.hashtable._table.row_dtype`), seeded by
+the table's clock, ``step`` and the state's ``rounding`` count, which each update advances.
+
 >>> import jax.numpy as jnp
 >>> slot, g, absent = sum_by_slot(jnp.array([4, -1, 4, 2]), jnp.ones((4, 1)))
 >>> slot.tolist(), g[:, 0].tolist(), int(absent)
@@ -22,14 +26,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.hashtable._table.row_dtype import (is_half, rounding_seed, row_bits,
+                                               stochastic_round, widened)
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._table.words64 import Words64, add_to_words
 from jaxops.hashtable._walks.batch import group_first, group_sum, slot_words
 from jaxops.hashtable._walks.row_gather import put_each, take_each
 from jaxops.hashtable._walks.slot_owner import owners_changed, record_owners
 
-__all__ = ["RuleSpec", "add_skipped", "apply_rule", "group_by_slot", "init_on_shard", "is_per_slot", "sum_by_slot",
-           "update_on_shard"]
+__all__ = ["RuleSpec", "add_skipped", "apply_rule", "group_by_slot", "init_on_shard",
+           "is_per_slot", "rounding_count", "sum_by_slot", "update_on_shard"]
 
 _LAST = np.int32(np.iinfo(np.int32).max)  # sorts absent slots (-1) after every real slot
 
@@ -87,9 +93,32 @@ class RuleSpec(NamedTuple):
     init_state: Callable[[HashTable], Any]
 
 
+_NOT_SEEN = ("owner", "skipped", "rounding")
+
+
 def _row_fields(state: Any) -> tuple[str, ...]:
-    """The fields a rule sees: all but the ``owner`` record and the ``skipped`` count."""
-    return tuple(f for f in state._fields if f not in ("owner", "skipped"))
+    """The fields a rule sees: all but the ``owner`` record, the ``skipped`` count and the
+    ``rounding`` count (a state of a table of half rows)."""
+    return tuple(f for f in state._fields if f not in _NOT_SEEN)
+
+
+def rounding_count(table: HashTable) -> jax.Array | None:
+    """A new state's ``rounding`` field: the updates done, which seeds each update's
+    stochastic rounding into half rows (uint32, wraps); None for float32 rows."""
+    return jnp.zeros((), jnp.uint32) if is_half(table.values) else None
+
+
+def _rounded(table: HashTable, state: Any, at: jax.Array, rows: jax.Array, step: Any
+             ) -> tuple[jax.Array, dict]:
+    """An update's float32 ``rows`` (of slots ``at``) as the table's rows: as they are for
+    float32, rounded stochastically into half rows (seeded by the table's clock, ``step`` and
+    the state's ``rounding`` count, which advances), with the state's new count."""
+    if not is_half(table.values):
+        return rows, {}
+    count = getattr(state, "rounding", None)
+    bits = row_bits(rounding_seed(table.clock, step, count), at, rows.shape[-1])
+    new = stochastic_round(rows, table.values.dtype, bits)
+    return new, ({} if count is None else {"rounding": count + np.uint32(1)})
 
 
 def _fresh_rows(init_state: Callable, values: jax.Array, fields: tuple[str, ...],
@@ -145,21 +174,22 @@ def apply_rule(spec: RuleSpec, table: HashTable, state: Any, slots: jax.Array, g
     # the state rows are) the owner record's and the slot's key and epoch.
     extra = [*state.owner, table.key_lo, table.key_hi, table.epoch] if owned else []
     got = take_each([table.values] + [x for x, t in zip(leaves, per_slot) if t] + extra, read)
-    values, taken = got[0], iter(got[1:])
+    values, taken = got[0], iter(got[1:])  # half rows: widened for the rule, exactly
     rows = [next(taken) if t else x for x, t in zip(leaves, per_slot)]
     owner = {}
     if owned:  # slots that changed hands start from the initial state
         changed, keys = owners_changed(list(taken))
         rows = _fresh_rows(spec.init_state, values, fields, rows, per_slot, changed)
         owner["owner"] = record_owners(state.owner, at, keys, changed & lead)
-    new_rows, new_state = spec.rule(values, grad, tree.unflatten(rows), step)
+    new_rows, new_state = spec.rule(widened(values), grad, tree.unflatten(rows), step)
+    new_rows, rounding = _rounded(table, state, at, new_rows, step)
     new_leaves = tree.flatten_up_to(tuple(new_state))
     written = put_each([table.values] + [x for x, t in zip(leaves, per_slot) if t], at,
                        [new_rows] + [y for y, t in zip(new_leaves, per_slot) if t])
     new_values, put = written[0], iter(written[1:])
     out = [next(put) if t else y for y, t in zip(new_leaves, per_slot)]
     return (table.replace(values=new_values),
-            state._replace(**dict(zip(fields, tree.unflatten(out))), **owner,
+            state._replace(**dict(zip(fields, tree.unflatten(out))), **owner, **rounding,
                            skipped=add_skipped(state.skipped, absent)))
 
 

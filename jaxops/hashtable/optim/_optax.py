@@ -40,9 +40,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.hashtable._table.row_dtype import widened
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._table.words64 import Counter64
 from jaxops.hashtable._walks.slot_owner import SlotOwner
+from jaxops.hashtable.optim._apply import rounding_count
 from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, slot_owners
 
 __all__ = ["OptaxRowState", "from_optax"]
@@ -51,11 +53,13 @@ __all__ = ["OptaxRowState", "from_optax"]
 class OptaxRowState(NamedTuple):
     """``inner``: the wrapped transform's state; ``owner``: the key each slot's state rows
     belong to (see :mod:`~jaxops.hashtable._walks.slot_owner`); ``skipped``: batch entries with
-    slot -1 (a uint64 :class:`~jaxops.hashtable._table.words64.Counter64`)."""
+    slot -1 (a uint64 :class:`~jaxops.hashtable._table.words64.Counter64`); ``rounding``: on
+    half rows, the updates done (seeds the stochastic rounding), else None."""
 
     inner: Any
     owner: SlotOwner
     skipped: Counter64
+    rounding: Any = None
 
 
 def _own_buffers(tree: Any) -> Any:
@@ -88,8 +92,9 @@ def from_optax(tx: Any, name: str = "from_optax") -> RowOptimizer:
                               "(init and update)", type(tx).__name__)
 
     def init(table: HashTable) -> OptaxRowState:
-        return OptaxRowState(_own_buffers(tx.init(table.values)), slot_owners(table),
-                             Counter64.zero())
+        # Half rows: the transform sees (and keeps its state for) float32 rows.
+        return OptaxRowState(_own_buffers(tx.init(widened(table.values))), slot_owners(table),
+                             Counter64.zero(), rounding_count(table))
 
     def rule(w, g, state, step):
         (inner,) = state

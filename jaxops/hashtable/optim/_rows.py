@@ -94,7 +94,7 @@ def check_update_args(op: str, table: HashTable, slots: Any, grads: Any
                               f"{tuple(slots.shape) + (dim,)}", f"shape {tuple(grads.shape)}")
     if not jnp.issubdtype(grads.dtype, jnp.floating):
         raise OpDTypeError(op, "grads", "a floating array", str(grads.dtype))
-    return slots.reshape(-1), grads.reshape(-1, dim).astype(table.values.dtype)
+    return slots.reshape(-1), grads.reshape(-1, dim).astype(jnp.float32)  # half rows too
 
 
 def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: Rule
@@ -103,7 +103,10 @@ def make_row_optimizer(name: str, init_state: Callable[[HashTable], Any], rule: 
 
     Args:
         name: the optimizer's name, used in error messages.
-        init_state: ``table -> state``, a NamedTuple whose last field is ``skipped``;
+        init_state: ``table -> state``, a NamedTuple whose last field is ``skipped``, or
+            ``skipped`` then ``rounding=rounding_count(table)`` (the updates done, which
+            seed the stochastic rounding into half rows; without it two updates with the
+            same table clock and ``step`` draw the same random bits);
             leaves whose leading dimension is ``bucket_size`` are per-slot. A state with
             per-slot leaves has an ``owner`` field, :func:`slot_owners` of the table: a
             touched slot whose key is not the owner of its state rows (a new key took

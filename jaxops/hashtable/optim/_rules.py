@@ -22,6 +22,12 @@ the slot's first update starts from the initial state (zero moments and count,
 ``initial_accumulator_value``) as for a never-touched row, never from the state of the key
 (or of the key's earlier life) that was there (see :mod:`~jaxops.hashtable._walks.slot_owner`).
 
+**Half rows.** On a table of bfloat16 / float16 rows (``init_table(..., dtype=)``) the
+rule runs in float32 on the widened rows and the new rows are rounded stochastically
+(see :mod:`~jaxops.hashtable._table.row_dtype`); the state stays float32 unless
+``state_dtype=`` asks for a half dtype (its writes round to nearest), and gains a
+``rounding`` count (uint32, the updates done: it seeds the rounding; None on float32 rows).
+
 >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
 >>> t = ht.init_table(16, 2, initializer_mode="constant", constant_value=1.0)
 >>> t, rows, info = ht.lookup_or_insert(t, np.array([7, 9, 7], np.int64))
@@ -40,9 +46,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxops.hashtable._table.buffers import filled
+from jaxops.hashtable._table.row_dtype import check_row_dtype
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._table.words64 import Counter64
 from jaxops.hashtable._walks.slot_owner import SlotOwner
+from jaxops.hashtable.optim._apply import rounding_count
 from jaxops.hashtable.optim._rows import RowOptimizer, make_row_optimizer, resolve, slot_owners
 
 __all__ = [
@@ -55,59 +63,72 @@ Scalar = Any  # a float, a scalar array, or (learning rates) a schedule ``step -
 
 class SgdState(NamedTuple):
     """``skipped``: :class:`~jaxops.hashtable._table.words64.Counter64` (uint64), batch entries
-    with slot -1 so far; ``int(state.skipped)`` reads it."""
+    with slot -1 so far; ``int(state.skipped)`` reads it. ``rounding``: on a table of half
+    rows, the updates done (uint32: seeds the stochastic rounding), else None."""
 
     skipped: Counter64
+    rounding: Any = None
 
 
 class AdagradState(NamedTuple):
     """``sum_of_squares``: per-slot ``[bucket_size, dim]``; ``owner``: the key each slot's
-    state belongs to (see :mod:`~jaxops.hashtable._walks.slot_owner`); ``skipped`` as
-    :class:`SgdState`."""
+    state belongs to (see :mod:`~jaxops.hashtable._walks.slot_owner`); ``skipped`` and
+    ``rounding`` as :class:`SgdState`."""
 
     sum_of_squares: jax.Array
     owner: SlotOwner
     skipped: Counter64
+    rounding: Any = None
 
 
 class RowwiseAdagradState(NamedTuple):
     """``sum_of_squares``: one float per slot ``[bucket_size]`` (the mean over the row);
-    ``owner``, ``skipped`` as :class:`AdagradState`."""
+    ``owner``, ``skipped``, ``rounding`` as :class:`AdagradState`."""
 
     sum_of_squares: jax.Array
     owner: SlotOwner
     skipped: Counter64
+    rounding: Any = None
 
 
 class AdamState(NamedTuple):
     """``mu``, ``nu``: per-slot moments; ``count``: int32 ``[bucket_size]`` updates per row;
-    ``owner``, ``skipped`` as :class:`AdagradState`."""
+    ``owner``, ``skipped``, ``rounding`` as :class:`AdagradState`."""
 
     mu: jax.Array
     nu: jax.Array
     count: jax.Array
     owner: SlotOwner
     skipped: Counter64
+    rounding: Any = None
 
 
 class FtrlState(NamedTuple):
     """``accumulator`` (sum of squared gradients) and ``linear``, per slot ``[slots, dim]``;
-    ``owner``, ``skipped`` as :class:`AdagradState`."""
+    ``owner``, ``skipped``, ``rounding`` as :class:`AdagradState`."""
 
     accumulator: jax.Array
     linear: jax.Array
     owner: SlotOwner
     skipped: Counter64
+    rounding: Any = None
 
 
 def _zero_count() -> Counter64:
     return Counter64.zero()
 
 
-def _full(table: HashTable, value: float, row_shape: tuple[int, ...] | None = None) -> jax.Array:
+def _full(table: HashTable, value: float, dtype: Any,
+          row_shape: tuple[int, ...] | None = None) -> jax.Array:
     # One fresh buffer per call: donating a state whose leaves share a buffer fails.
     shape = table.values.shape if row_shape is None else (table.bucket_size, *row_shape)
-    return filled(shape, table.values.dtype, value)
+    return filled(shape, dtype, value)
+
+
+def _state_dtype(name: str, state_dtype: Any) -> Any:
+    """The dtype of an optimizer's per-slot floats: float32 unless asked."""
+    return jnp.float32 if state_dtype is None else check_row_dtype(
+        f"hashtable.optim.{name}", state_dtype, "state_dtype")
 
 
 def _step(w: jax.Array, u: jax.Array, lr: Scalar) -> jax.Array:
@@ -131,11 +152,11 @@ def sgd(learning_rate: Scalar) -> RowOptimizer:
         return _step(w, g, resolve(learning_rate, step, "hashtable.optim.sgd",
                                    "learning_rate")), state
 
-    return make_row_optimizer("sgd", lambda t: SgdState(_zero_count()), rule)
+    return make_row_optimizer("sgd", lambda t: SgdState(_zero_count(), rounding_count(t)), rule)
 
 
 def adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.1,
-            eps: float = 1e-7) -> RowOptimizer:
+            eps: float = 1e-7, *, state_dtype: Any = None) -> RowOptimizer:
     """Adagrad on rows, element-wise (``optax.adagrad``: ``s += g²``, ``w -= lr·g/√(s+eps)``).
 
     >>> import numpy as np, jax.numpy as jnp, jaxops.hashtable as ht
@@ -146,9 +167,11 @@ def adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.1,
     >>> float(t.values[info.slots[0], 0]), float(s.sum_of_squares[info.slots[0], 0])
     (0.5, 4.0)
     """
+    dtype = _state_dtype("adagrad", state_dtype)
+
     def init(table):
-        return AdagradState(_full(table, initial_accumulator_value), slot_owners(table),
-                            _zero_count())
+        return AdagradState(_full(table, initial_accumulator_value, dtype), slot_owners(table),
+                            _zero_count(), rounding_count(table))
 
     def rule(w, g, state, step):
         lr = resolve(learning_rate, step, "hashtable.optim.adagrad", "learning_rate")
@@ -161,7 +184,7 @@ def adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.1,
 
 
 def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.0,
-                    eps: float = 1e-8) -> RowOptimizer:
+                    eps: float = 1e-8, *, state_dtype: Any = None) -> RowOptimizer:
     """Row-wise Adagrad (FBGEMM / TorchRec ``EXACT_ROWWISE_ADAGRAD``): one accumulator per
     row, ``s += mean(g²)``, ``w -= lr·g/(√s + eps)``; state is 4 bytes a row instead of
     ``4·dim``.
@@ -174,9 +197,11 @@ def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.
     >>> s.sum_of_squares.shape, float(s.sum_of_squares[info.slots[0]])
     ((8,), 12.5)
     """
+    dtype = _state_dtype("rowwise_adagrad", state_dtype)
+
     def init(table):
-        return RowwiseAdagradState(_full(table, initial_accumulator_value, ()),
-                                   slot_owners(table), _zero_count())
+        return RowwiseAdagradState(_full(table, initial_accumulator_value, dtype, ()),
+                                   slot_owners(table), _zero_count(), rounding_count(table))
 
     def rule(w, g, state, step):
         lr = resolve(learning_rate, step, "hashtable.optim.rowwise_adagrad", "learning_rate")
@@ -188,10 +213,13 @@ def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.
     return make_row_optimizer("rowwise_adagrad", init, rule)
 
 
-def _adam_init(table: HashTable) -> AdamState:
-    return AdamState(_full(table, 0.0), _full(table, 0.0),
-                     filled((table.bucket_size,), jnp.int32, 0), slot_owners(table),
-                     _zero_count())
+def _adam_init(dtype: Any):
+    def init(table: HashTable) -> AdamState:
+        return AdamState(_full(table, 0.0, dtype), _full(table, 0.0, dtype),
+                         filled((table.bucket_size,), jnp.int32, 0), slot_owners(table),
+                         _zero_count(), rounding_count(table))
+
+    return init
 
 
 def _adam_rule(name: str, learning_rate, b1, b2, eps, eps_root, weight_decay):
@@ -214,7 +242,7 @@ def _adam_rule(name: str, learning_rate, b1, b2, eps, eps_root, weight_decay):
 
 
 def adam(learning_rate: Scalar, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         eps_root: float = 0.0) -> RowOptimizer:
+         eps_root: float = 0.0, *, state_dtype: Any = None) -> RowOptimizer:
     """Lazy Adam on rows (``optax.adam`` row by row, per-row step counts; see the module
     docstring for ``step=``).
 
@@ -226,12 +254,13 @@ def adam(learning_rate: Scalar, b1: float = 0.9, b2: float = 0.999, eps: float =
     >>> round(float(t.values[info.slots[0], 0]), 4), int(s.count[info.slots[0]])
     (0.1, 1)
     """
-    return make_row_optimizer("adam", _adam_init,
+    return make_row_optimizer("adam", _adam_init(_state_dtype("adam", state_dtype)),
                               _adam_rule("adam", learning_rate, b1, b2, eps, eps_root, 0.0))
 
 
 def adamw(learning_rate: Scalar, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          eps_root: float = 0.0, weight_decay: float = 1e-4) -> RowOptimizer:
+          eps_root: float = 0.0, weight_decay: float = 1e-4, *, state_dtype: Any = None
+          ) -> RowOptimizer:
     """Lazy AdamW on rows (``optax.adamw`` row by row: decoupled weight decay on touched rows
     only; step counts as :func:`adam`). Unlike :func:`~jaxops.hashtable.apply_adam_w`, it
     takes slots (no re-probe) and keeps per-row counts.
@@ -244,13 +273,14 @@ def adamw(learning_rate: Scalar, b1: float = 0.9, b2: float = 0.999, eps: float 
     >>> round(float(t.values[info.slots[0], 0]), 4)
     0.95
     """
-    return make_row_optimizer("adamw", _adam_init, _adam_rule(
+    return make_row_optimizer("adamw", _adam_init(_state_dtype("adamw", state_dtype)), _adam_rule(
         "adamw", learning_rate, b1, b2, eps, eps_root, weight_decay))
 
 
 def ftrl(learning_rate: Scalar, learning_rate_power: float = -0.5,
          initial_accumulator_value: float = 0.1, l1: float = 0.0, l2: float = 0.0,
-         l2_shrinkage: float = 0.0, beta: float = 0.0) -> RowOptimizer:
+         l2_shrinkage: float = 0.0, beta: float = 0.0, *, state_dtype: Any = None
+         ) -> RowOptimizer:
     """FTRL-Proximal on rows, as TensorFlow's ``ApplyFtrlV2`` / Keras ``Ftrl`` define it.
 
     Per element: ``g' = g + 2·l2_shrinkage·w``; ``n' = n + g²``; ``z += g' - (n'^(-p) -
@@ -267,10 +297,11 @@ def ftrl(learning_rate: Scalar, learning_rate_power: float = -0.5,
     """
     op = "hashtable.optim.ftrl"
     power = -learning_rate_power
+    dtype = _state_dtype("ftrl", state_dtype)
 
     def init(table):
-        return FtrlState(_full(table, initial_accumulator_value), _full(table, 0.0),
-                         slot_owners(table), _zero_count())
+        return FtrlState(_full(table, initial_accumulator_value, dtype), _full(table, 0.0, dtype),
+                         slot_owners(table), _zero_count(), rounding_count(table))
 
     def scaled(n):  # n ** -p, with TF's exact square root for the usual p = -0.5
         return jnp.sqrt(n) if power == 0.5 else n ** power
