@@ -2,8 +2,8 @@
 
 Each test runs the same random sequence of table operations twice, once with the walks on
 the native path and once forced to xla (``use_backend("xla")``), and compares every output
-and every table array. Walk choice is made when a function is traced, so the caches are
-cleared between the two runs. Tables are small (64 slots) and nearly full, batches hold
+and every table array. Walk choice is made when a function is traced, so the two runs
+trace under different default-device settings (``_both_paths``). Tables are small (64 slots) and nearly full, batches hold
 duplicates and keys evicted before, so tombstone reuse, revival and unplaced keys occur.
 (Where the library is built, the other hash-table tests, against the plain-Python model,
 run on the native walks too.)
@@ -53,14 +53,16 @@ def _sequence(seed: int, key_dtype, x64: bool) -> list:
 
 
 def _both_paths(fn):
-    jax.clear_caches()
-    assert walk_table.walk_path()[0] == "native"
-    got = jax.device_get(fn())
-    jax.clear_caches()
-    with use_backend("xla"):
+    """``fn()`` with the walks on the native path, then forced to xla, each traced afresh:
+    jax keeps a trace (and its walks) per default device, so each path runs under its own
+    name of the one CPU (cheaper than ``jax.clear_caches()``, which throws away every
+    compiled program of the process)."""
+    with jax.default_device("cpu"):
+        assert walk_table.walk_path()[0] == "native"
+        got = jax.device_get(fn())
+    with use_backend("xla"), jax.default_device(jax.devices("cpu")[0]):
         assert walk_table.walk_path()[0] == "xla"
         want = jax.device_get(fn())
-    jax.clear_caches()
     return got, want
 
 
