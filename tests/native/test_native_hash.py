@@ -3,8 +3,9 @@
 Each test runs the same random sequence of table operations twice, once with the walks on
 the native path and once forced to xla (``use_backend("xla")``), and compares every output
 and every table array. Walk choice is made when a function is traced, so the two runs
-trace under different default-device settings (``_both_paths``). Tables are small (64 slots) and nearly full, batches hold
-duplicates and keys evicted before, so tombstone reuse, revival and unplaced keys occur.
+trace under different default-device settings (``_both_paths``). Tables are small (64
+slots) and nearly full, batches hold duplicates and keys evicted before, so tombstone
+reuse, revival and unplaced keys occur.
 (Where the library is built, the other hash-table tests, against the plain-Python model,
 run on the native walks too.)
 """

@@ -159,7 +159,8 @@ def test_one_compile_per_input_shape_whatever_tier_the_data_pick():
     rng = np.random.default_rng(seed_of("compiles"))
     boxes = random_boxes(rng, (2, 64))
     base = random_scores(rng, (2, 3, 64))
-    with _fresh_traces(), ladder.settings(**FINE):  # tiers 4, 16, 192: counts of 3, 12 and ~100 pick each
+    # tiers 4, 16, 192: counts of 3, 12 and ~100 pick each
+    with _fresh_traces(), ladder.settings(**FINE):
         f = jax.jit(functools.partial(jaxops.non_max_suppression, max_output_boxes_per_class=64,
                                       iou_threshold=0.5, score_threshold=0.5, backend="xla"))
         with CompileCounter() as compiles:
