@@ -54,13 +54,12 @@ def _sequence(seed: int, key_dtype, x64: bool) -> list:
 
 
 def _both_paths(fn):
-    """``fn()`` with the walks on the native path, then forced to xla, each traced afresh:
-    jax keeps a trace (and its walks) per default device, so each path runs under its own
-    name of the one CPU (cheaper than ``jax.clear_caches()``, which throws away every
-    compiled program of the process)."""
-    with jax.default_device("cpu"):
-        assert walk_table.walk_path()[0] == "native"
-        got = jax.device_get(fn())
+    """``fn()`` with the walks on the native path, then forced to xla and traced afresh:
+    jax keeps a trace (and its walks) per default device, so the xla run names the one CPU
+    as the default device, the native run leaves it unset (cheaper than
+    ``jax.clear_caches()``, which throws away every compiled program of the process)."""
+    assert walk_table.walk_path()[0] == "native"
+    got = jax.device_get(fn())
     with use_backend("xla"), jax.default_device(jax.devices("cpu")[0]):
         assert walk_table.walk_path()[0] == "xla"
         want = jax.device_get(fn())
