@@ -312,18 +312,25 @@ TINY_KEPT = {None: [4, 1, 0, 3, 2], 0.0: [4, 1], -0.0: [4, 1], 1e-45: [4], 2e-45
 def test_nms_subnormal_scores_and_thresholds_native_equal_xla(mode):
     boxes = np.array([[3 * i, 0, 3 * i + 2, 2] for i in range(6)], np.float32)
     onnx, batched = jaxops.get_op("NonMaxSuppression"), jaxops.get_op("BatchedNMS")
-    for st, want in TINY_KEPT.items():  # each threshold compiles; HP mode: xla at three
-        backends = ("native", "xla") if mode is None or st in (None, 1e-45, -1e-45) else ()
-        out = {b: (batched(boxes, TINY_SCORES, np.zeros(6, np.int32), iou_threshold=0.5,
-                           max_output_size=None, score_threshold=st, impl_mode=mode, backend=b),
-                   onnx(boxes[None], TINY_SCORES[None, None], max_output_boxes_per_class=6,
-                        iou_threshold=0.5, score_threshold=st, impl_mode=mode, backend=b))
-               for b in backends}
-        for b, (kept, rows) in out.items() if mode is None else ():
-            assert jaxops.refresh(kept[0]).tolist() == want, (st, b)
-            assert jaxops.refresh(rows[0])[:, 2].tolist() == want, (st, b)
-        if out:  # bit for bit: padding and shapes too
-            chex.assert_trees_all_equal(out["native"], out["xla"])
+    def run(st, backend, which):
+        if which == "batched":
+            return batched(boxes, TINY_SCORES, np.zeros(6, np.int32), iou_threshold=0.5,
+                           max_output_size=None, score_threshold=st, impl_mode=mode,
+                           backend=backend)
+        return onnx(boxes[None], TINY_SCORES[None, None], max_output_boxes_per_class=6,
+                    iou_threshold=0.5, score_threshold=st, impl_mode=mode, backend=backend)
+
+    for st, want in TINY_KEPT.items():  # each threshold compiles: xla at three, but the
+        compared = st in (None, 1e-45, -1e-45)  # default mode's batched call at every one
+        for which in ("batched", "onnx") if mode is None or compared else ():
+            got = run(st, "native", which)
+            if mode is None:
+                kept = jaxops.refresh(got[0])
+                assert (kept if which == "batched" else kept[:, 2]).tolist() == want, (st, which)
+            if compared or which == "batched":
+                xla = run(st, "xla", which)
+                assert compared or jaxops.refresh(xla[0]).tolist() == want, st
+                chex.assert_trees_all_equal(got, xla)  # bit for bit: padding and shapes too
     # Overlapping boxes: the subnormal score outranks the zeros and suppresses them; with a
     # capacity below the kept count, the subnormal row is the best one kept.
     same_box = np.tile(np.array([[0, 0, 4, 4], [10, 0, 14, 4]], np.float32), (3, 1))
