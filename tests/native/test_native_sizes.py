@@ -5,8 +5,8 @@ above 2**19 elements, on some runs only, and no test saw it (every test input sa
 grain, and the native kernel was compared with the xla one alone). Here each kernel meets
 inputs just below and above several part counts of its grain (1 to 4 for NonZero's
 mask-byte path, 3 for the widths of its predicate path and MaskedSelect), at densities
-from none to all, and is compared with numpy (the tables with their plain-Python model) several times in
-one process. The full sweep, with every dtype, native and xla, x64 off and on, is the
+from none to all, and is compared with numpy (the tables with their plain-Python model)
+several times in one process. The full sweep, with every dtype, native and xla, x64 off and on, is the
 benchmark ``benchmarks/native_sweep.py``; these are its cases that run in seconds.
 """
 
