@@ -6,8 +6,9 @@ grain, and the native kernel was compared with the xla one alone). Here each ker
 inputs just below and above several part counts of its grain (1 to 4 for NonZero's
 mask-byte path, 3 for the widths of its predicate path and MaskedSelect), at densities
 from none to all, and is compared with numpy (the tables with their plain-Python model)
-several times in one process. The full sweep, with every dtype, native and xla, x64 off and on, is the
-benchmark ``benchmarks/native_sweep.py``; these are its cases that run in seconds.
+several times in one process. The full sweep, with every dtype, native and xla, x64 off
+and on, is the benchmark ``benchmarks/native_sweep.py``; these are its cases that run in
+seconds.
 """
 
 import jax
