@@ -114,7 +114,7 @@ def _padded(want: np.ndarray, capacity: int, axis: int, fill) -> np.ndarray:
     return np.pad(want, pad, constant_values=fill)
 
 
-def _checked(name: str, out, want: np.ndarray, axis: int, count: int) -> str | None:
+def dyn_mismatch(name: str, out, want: np.ndarray, axis: int, count: int) -> str | None:
     """``out`` (a DynArray) against numpy's ``want``: its true count and its whole buffer
     (the valid block and the padding after it)."""
     counts = out.true_shape if out.true_shape is not None else out.actual_shape
@@ -136,7 +136,7 @@ def nonzero_mismatch(x: np.ndarray, backend: str, *, layout: str = "flat",
     coords = np.stack(np.nonzero(is_nonzero(x))).astype(np.int64)
     want, axis = {"flat": (np.flatnonzero(is_nonzero(x)), 0), "onnx": (coords, 1),
                   "argwhere": (coords.T, 0)}[layout]
-    return _checked(f"{layout} on {backend}", out, want, axis, want.shape[axis])
+    return dyn_mismatch(f"{layout} on {backend}", out, want, axis, want.shape[axis])
 
 
 def masked_select_mismatch(x: np.ndarray, mask: np.ndarray, backend: str,
@@ -146,7 +146,7 @@ def masked_select_mismatch(x: np.ndarray, mask: np.ndarray, backend: str,
     with expected_truncation():
         out = jaxops.masked_select(x, mask, size=size, overflow="truncate", backend=backend)
     want = x[mask]
-    return _checked(f"masked_select on {backend}", out, want, 0, want.size)
+    return dyn_mismatch(f"masked_select on {backend}", out, want, 0, want.size)
 
 
 def unique_mismatch(x: np.ndarray, backend: str) -> str | None:
@@ -160,4 +160,48 @@ def unique_mismatch(x: np.ndarray, backend: str) -> str | None:
         found = mismatch(got, ref.reshape(-1))
         if found:
             return f"unique {name} on {backend}: {found}"
+    return None
+
+
+def np_unique(x: np.ndarray, *, sorted: bool = True, size: int | None = None,
+              equal_nan: bool = True) -> tuple[np.ndarray, ...]:
+    """(y, indices, inverse, counts) of ONNX Unique of a flat ``x`` by numpy, vectorised
+    (``tests/helpers/cases/unique.py`` has the plain-Python model): ``-0.0 == 0.0``, NaNs
+    after ``+inf`` (one value, or with ``equal_nan=False`` each its own, in order of
+    position), each value as the bits of its first occurrence; the first ``size`` kept,
+    an inverse past them -1."""
+    x = np.asarray(x).reshape(-1)
+    with np.errstate(invalid="ignore"):  # signalling NaNs stay NaNs
+        keys = x.astype(np.float64) + 0.0 if x.dtype.kind not in "biu" else x  # -0.0 -> +0.0
+    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
+                                          return_counts=True, equal_nan=equal_nan)
+    inverse = inverse.reshape(-1)
+    if not sorted:  # in order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    if size is not None:
+        first, counts, inverse = first[:size], counts[:size], np.where(inverse < size, inverse, -1)
+    return x[first], first, inverse, counts
+
+
+def unique_all_mismatch(x: np.ndarray, backend: str, **attrs) -> str | None:
+    """Unique (every output, ``attrs``: sorted, size, equal_nan) on ``backend`` against
+    :func:`np_unique`: the counts, the first ``size`` rows (values bit for bit) and the
+    padding after them."""
+    with expected_truncation():
+        outs = jaxops.unique(x, return_index=True, return_inverse=True, return_counts=True,
+                             overflow="truncate", backend=backend, **attrs)
+    want = np_unique(x, **{k: v for k, v in attrs.items() if k != "size"})
+    count = want[0].size
+    want = np_unique(x, **attrs)
+    for name, out, ref in zip(("y", "indices", "inverse", "counts"), outs, want):
+        if name == "inverse":  # a plain array of x's length
+            found = mismatch(np.asarray(out), ref)
+            found = found and f"unique inverse on {backend}: {found}"
+        else:
+            found = dyn_mismatch(f"unique {name} on {backend}", out, ref, 0, count)
+        if found:
+            return found
     return None

@@ -27,6 +27,12 @@ BACKENDS = ["xla", "host"] + (["native"] if native.available() else [])
 F32 = np.float32
 
 
+def _runs(*x64_on):
+    """(backend, x64): every backend with x64 off, those named with it on (x64 on is
+    spread over the tests: each backend meets it at least once)."""
+    return [(b, False) for b in BACKENDS] + [(b, True) for b in x64_on if b in BACKENDS]
+
+
 def assert_rows(got, want):
     chex.assert_trees_all_equal(np.asarray(got, np.int64), np.asarray(want, np.int64))
 
@@ -54,8 +60,7 @@ def _per_image_best(rows, scores, k):
 
 # -- the per-image cap --------------------------------------------------------------------
 
-@pytest.mark.parametrize("x64", [False, True])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, x64", _runs("xla", "native"))
 def test_max_detections_is_detections_per_img_over_onnx_rows(backend, x64):
     boxes, scores = _images(seed_of("cap", backend, x64))
     with jax.enable_x64(x64):
@@ -101,8 +106,7 @@ def test_against_torchvision_when_installed():
 
 # -- candidate capacities cut by score ----------------------------------------------------
 
-@pytest.mark.parametrize("x64", [False, True])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, x64", _runs("host"))
 def test_pre_nms_top_k_cuts_by_score_and_reports_the_bound(backend, x64):
     boxes, scores = _images(seed_of("cut", backend, x64))
     k, per_class, cap = 30, 6, 9
@@ -127,8 +131,7 @@ def test_pre_nms_top_k_cuts_by_score_and_reports_the_bound(backend, x64):
     assert bool(out.overflowed()) == bool((np.minimum(found + cut, cap) > found).any())
 
 
-@pytest.mark.parametrize("x64", [False, True])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, x64", _runs("xla"))
 def test_batched_and_efficient_nms_cut_by_score(backend, x64):
     rng = np.random.default_rng(seed_of("cut2", backend, x64))
     boxes, scores, idxs = random_boxes(rng, (50,), flip=True), random_scores(rng, (50,)), \
@@ -160,8 +163,7 @@ def test_cut_warns_eagerly_and_a_large_capacity_changes_nothing():
 
 # -- traced thresholds --------------------------------------------------------------------
 
-@pytest.mark.parametrize("x64", [False, True])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, x64", _runs("native"))
 def test_traced_thresholds_compile_once_for_every_value(backend, x64):
     boxes, scores = _images(seed_of("traced", backend, x64), b=3, c=2, n=30)
     ftype = jnp.float64 if x64 else jnp.float32
@@ -289,8 +291,7 @@ def test_unique_of_an_overflowed_dynarray_bounds_its_true_size():
     assert bool(out[0].overflowed()) and out[0].true_shape.tolist() == [2 + 1]
 
 
-@pytest.mark.parametrize("backend,x64", [(b, False) for b in BACKENDS]
-                         + [(b, True) for b in BACKENDS if b != "host"])
+@pytest.mark.parametrize("backend, x64", _runs("xla"))
 def test_nonzero_route_into_batched_nms_carries_the_overflow(backend, x64):
     rng = np.random.default_rng(seed_of("route", backend))
     boxes, scores = random_boxes(rng, (40,)), random_scores(rng, (3, 40))   # [C, N] scores
@@ -302,8 +303,8 @@ def test_nonzero_route_into_batched_nms_carries_the_overflow(backend, x64):
                                   backend=backend)
 
     n = int((scores > 0.5).sum())
-    with expected_truncation(), jax.enable_x64(x64):
-        full, cut = route(None), route(n - 5)
+    with expected_truncation(), jax.enable_x64(x64):  # one compile a capacity
+        full, cut = (jax.jit(route, static_argnums=0)(size) for size in (None, n - 5))
         assert full.dtype == (jnp.int64 if x64 else jnp.int32)
     c, i = np.nonzero(scores > 0.5)
     order = np.argsort(c * 40 + i)  # flatnonzero's order
