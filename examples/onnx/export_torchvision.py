@@ -139,6 +139,8 @@ def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]
         model = builder(weights=None, weights_backbone=None).eval()
         if spread:
             _spread_scores(model)
+        else:
+            _detecting(model, name)
         return model, FULL_IMAGE[name]
     size, classes = SMALL_IMAGE[name], 5
     common = dict(min_size=size, max_size=size)
@@ -188,6 +190,39 @@ def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]
         for layer in (model.rpn.head.cls_logits, model.roi_heads.box_predictor.cls_score):
             layer.weight.data *= 0.03  # scores not saturated (no ties at 1.0)
     return model.eval(), size
+
+
+#: Full size: how the random-weight classification heads are set so that the models detect
+#: about as much as a trained one does on a busy photo, with scores spread (no ties).
+#: torchvision's initialisation detects nothing useful: RetinaNet's and FCOS's heads start
+#: at weights N(0, 0.01) and a 0.01 prior (bias -log 99), so every logit lies within
+#: -4.6 +- 0.3 and no score reaches their thresholds (0.05; FCOS sqrt(p * centerness) >
+#: 0.2); Faster R-CNN's box predictor gives every class 1/91 < 0.05; SSDlite's N(0, 0.03)
+#: weights shrink the signal to 1e-15 before its head, so all 300 of its detections score
+#: exactly 1/91 (ties, in any order). Per model: (a factor on the last classification
+#: layer's weights, its bias; for SSDlite the background class's bias, after a
+#: variance-preserving initialisation of the whole model). On a uniform-noise image that
+#: gives about 6,000 of RetinaNet's 11 million (anchor, class) pairs above 0.05, 2,000 of
+#: FCOS's 1.2 million above 0.2, 5,000 of SSDlite's 290,000 above 0.001 and a few hundred
+#: of Faster R-CNN's 150 x 90 above 0.05: each level's top-k keeps up to 1,000 (SSDlite
+#: 300 per class), and NMS ends at the models' caps, 300, 100, 300 and 100 detections.
+_LOGITS = {"retinanet": (3.0, -5.7), "fcos": (3.0, -5.0), "ssdlite": (0.5, 13.0),
+           "fasterrcnn": (100.0, 0.0)}
+
+
+def _detecting(model: nn.Module, name: str) -> None:
+    """Sets the full-size classification head (:data:`_LOGITS`)."""
+    factor, bias = _LOGITS[name]
+    if name == "ssdlite":
+        _spread_scores(model)
+        for block in model.head.classification_head.module_list:
+            block[1].weight.data *= factor
+            block[1].bias.data.view(-1, 91)[:, 0] = bias  # channels: anchor * 91 + class
+        return
+    layer = model.roi_heads.box_predictor.cls_score if name == "fasterrcnn" else \
+        model.head.classification_head.cls_logits
+    layer.weight.data *= factor
+    nn.init.constant_(layer.bias, bias)
 
 
 def _spread_scores(model: nn.Module) -> None:

@@ -10,7 +10,6 @@ declared ranks, static dims and dtypes, and the graph runs on
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -21,19 +20,14 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError, OpDTypeError
-from jaxops.core.memory import refuse_unless_fits
 from jaxops.core.narrowing import check_fits
 from jaxops.dynamic.tensor import Tensor
 from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
+from jaxops.onnx.checks import OPSETS, check_model, plan_initializer
 from jaxops.onnx.interpret import run_graph
 from jaxops.onnx.registry import HANDLERS
 
 __all__ = ["OPSETS", "Program", "load", "supported_ops"]
-
-#: Default-domain opsets whose semantics the handlers implement.
-OPSETS = range(1, 29)
-_DOMAINS = ("", "ai.onnx")
-
 
 def supported_ops() -> list[str]:
     """The ONNX op types :func:`load` runs (default domain).
@@ -61,85 +55,6 @@ def _read(model: Any) -> tuple[Any, pathlib.Path | None]:
     except Exception as e:  # protobuf's DecodeError and friends
         raise _fail("model", "a readable ONNX model", f"{path} ({type(e).__name__}: {e})") from e
     return proto, path.parent
-
-
-def _external_inside(proto: Any, folder: pathlib.Path | None) -> None:
-    """External data must name a file inside the model's folder (no absolute path, no
-    ``..`` out of it, no link leading out): checked before any byte is read."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    for tensor in _get_all_tensors(proto):
-        if not uses_external_data(tensor):
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        where = info.get("location", "")
-        if folder is None:
-            raise _fail("model", "external data loaded with the model (pass its path)",
-                        f"tensor {tensor.name!r} stored in {where!r}")
-        base = folder.resolve()
-        target = (base / where).resolve()
-        if os.path.isabs(where) or base not in target.parents:
-            raise _fail("model", f"external data inside the model's folder {str(base)!r}",
-                        f"tensor {tensor.name!r} pointing at {where!r}",
-                        "Move the data file beside the model.")
-
-
-def _check_graph(proto: Any) -> int:
-    import onnx
-
-    opset = None
-    for imp in proto.opset_import:
-        if imp.domain in _DOMAINS:
-            opset = imp.version
-        elif any(n.domain == imp.domain for n in proto.graph.node):
-            raise _fail("model", "ops of the default ONNX domain only",
-                        f"domain {imp.domain!r}")
-    if opset is None or opset not in OPSETS:
-        raise _fail("model", f"default-domain opset in [{OPSETS.start}, {OPSETS.stop - 1}]",
-                    opset)
-    _check_nodes(proto.graph, opset, set())  # first: an op we lack is named as such
-    try:
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise _fail("model", "a well-formed ONNX graph", f"{type(e).__name__}: {e}") from e
-    return opset
-
-
-def _check_nodes(graph: Any, opset: int, outer: set[str]) -> None:
-    known = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        where = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
-        if node.domain not in _DOMAINS:
-            raise OpArgumentError(where, None, "an op of the default domain",
-                                  f"domain {node.domain!r}")
-        h = HANDLERS.get(node.op_type)
-        if h is None:
-            raise OpArgumentError(where, None, "an op jaxops.onnx supports (one of "
-                                  + ", ".join(sorted(HANDLERS)) + ")", repr(node.op_type))
-        if opset < h.since:
-            raise OpArgumentError(where, None, f"opset >= {h.since} for {node.op_type}", opset)
-        for name in node.input:
-            if name and name not in known:
-                raise OpArgumentError(where, "inputs", "inputs defined before the node",
-                                      f"undefined {name!r}")
-        for a in node.attribute:
-            for g in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
-                _check_nodes(g, opset, known)
-        known.update(o for o in node.output if o)
-    for o in graph.output:
-        if o.name not in known:
-            raise _fail("model", "graph outputs that some node or input defines",
-                        f"undefined {o.name!r}")
-
-
-def _plan(t: Any) -> None:
-    """Refuses an initializer whose declared shape cannot fit in memory, before reading it."""
-    from onnx import helper
-
-    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-    refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
-                       math.prod(t.dims) * np.dtype(dtype).itemsize,
-                       f"the declared {list(t.dims)} {np.dtype(dtype).name} tensor")
 
 
 def _declared(value: Any) -> tuple[int | None, list[int | None], int]:
@@ -174,7 +89,7 @@ class Program:
         if key and key in self._inits:
             return self._inits[key]
         if uses_external_data(t):
-            _plan(t)
+            plan_initializer(t)
             arr = numpy_helper.to_array(t, base_dir=str(self.folder))
         else:
             arr = numpy_helper.to_array(t)
@@ -293,8 +208,5 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
       ([2.0, 3.0, 4.0], 9.0)
     """
     proto, folder = _read(model)
-    _external_inside(proto, folder)
-    for t in proto.graph.initializer:
-        _plan(t)
-    opset = _check_graph(proto)
+    opset = check_model(proto, folder)
     return Program(proto, folder, opset, capacities, outputs, fill_value)

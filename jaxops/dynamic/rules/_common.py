@@ -10,7 +10,8 @@ import numpy as np
 
 from jaxops.dynamic.tensor import Dim, Tensor
 
-__all__ = ["RULES", "dim_max", "dim_min", "highest", "lost_of", "lowest", "rule", "same_dim"]
+__all__ = ["RULES", "dim_max", "dim_min", "highest", "is_float", "lost_of", "lowest", "rule",
+           "same_dim"]
 
 #: Every rule by name (:func:`rule` fills it).
 RULES: dict[str, Callable] = {}
@@ -47,13 +48,18 @@ def dim_min(a: Dim, b: Dim) -> Dim:
     return jnp.minimum(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
 
 
+def is_float(dtype) -> bool:
+    """A floating dtype, bfloat16 (numpy kind ``V``) included."""
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
 def lowest(dtype) -> Any:
     """The dtype's lowest value (``-inf`` for floats): the identity of ``max``."""
     dtype = np.dtype(dtype)
-    return -np.inf if dtype.kind == "f" else False if dtype.kind == "b" else np.iinfo(dtype).min
+    return -np.inf if is_float(dtype) else False if dtype.kind == "b" else np.iinfo(dtype).min
 
 
 def highest(dtype) -> Any:
     """The dtype's highest value (``inf`` for floats): the identity of ``min``."""
     dtype = np.dtype(dtype)
-    return np.inf if dtype.kind == "f" else True if dtype.kind == "b" else np.iinfo(dtype).max
+    return np.inf if is_float(dtype) else True if dtype.kind == "b" else np.iinfo(dtype).max

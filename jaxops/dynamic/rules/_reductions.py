@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.dynamic.rules._common import dim_min, highest, lowest, rule
+from jaxops.dynamic.rules._common import dim_min, highest, is_float, lowest, rule
 from jaxops.dynamic.tensor import Dim, Tensor
 
 __all__ = ["IDENTITIES", "arg_reduce", "reduce", "softmax", "top_k"]
@@ -103,12 +103,12 @@ def top_k(t: Tensor, k: Dim, k_max: int, axis: int, largest: bool = True) -> tup
     axis %= t.ndim
     x = t.masked(lowest(t.dtype) if largest else highest(t.dtype), (axis,))
     if not largest:
-        x = -x if t.dtype.kind == "f" else ~x if t.dtype.kind in "iu" else ~x
+        x = -x if is_float(t.dtype) else ~x
     x = jnp.moveaxis(x, axis, -1)
     k_max = max(0, min(int(k_max), t.shape[axis]))
     values, indices = jax.lax.top_k(x, k_max)
     if not largest:
-        values = -values if t.dtype.kind == "f" else ~values
+        values = -values if is_float(t.dtype) else ~values
     values, indices = jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)
     dims = list(t.dims)
     dims[axis] = k if isinstance(k, int) and isinstance(t.dims[axis], int) else \

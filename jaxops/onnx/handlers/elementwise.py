@@ -133,9 +133,34 @@ def _cast_like(ctx, x, like):
                                else v).astype(to), x)
 
 
-@handler("Identity", "Dropout", bounds="copy")
-def _identity(ctx, x, *rest):
-    if ctx.op_type == "Dropout" and len(ctx.node.output) > 1:
+def _check_dropout(node) -> None:
+    """Dropout runs as inference (or with ratio 0, where training changes nothing): a
+    random mask is refused at load, as it cannot equal any other runtime's."""
+    if node.opset < 12:
+        if node.opset < 7 and not node.attr("is_test", 0):
+            raise node.error("is_test", "1 (inference; random masks are not supported)", 0)
+        return
+    if not node.given(2):
+        return
+    training = node.constant(2)
+    if training is None:
+        raise node.error("training_mode", "a constant (inference, or ratio 0)",
+                         "a value computed at run time")
+    ratio = node.constant(1) if node.given(1) else np.float32(0.5)
+    if bool(np.asarray(training).reshape(-1)[0]) and (
+            ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0):
+        raise node.error("training_mode", "false, or true with ratio 0 (random masks are not "
+                         "supported)", f"true with ratio {'computed at run time' if ratio is None else float(np.asarray(ratio).reshape(-1)[0])}")
+
+
+@handler("Identity", bounds="copy")
+def _identity(ctx, x):
+    return x
+
+
+@handler("Dropout", bounds="copy", check=_check_dropout)
+def _dropout(ctx, x, *rest):
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:  # the mask: every element kept
         return x, _ew(ctx, lambda v: jnp.ones(v.shape, bool), x)
     return x
 
