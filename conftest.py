@@ -51,6 +51,29 @@ def _cheaper_compiles() -> None:
 
 _cheaper_compiles()
 
+#: JAXOPS_TEST_LADDER: "off" runs every operator at its full capacity (no capacity ladder,
+#: jaxops/ops/ladder.py); "fine" starts the ladder at 4 slots, so the tests' small inputs
+#: climb several tiers. The oracle tests pass under both, and under the default ladder:
+#: the outputs are the same with and without it.
+LADDER_VAR = "JAXOPS_TEST_LADDER"
+_LADDER_MODES = {"off": {"enabled": False}, "fine": {"smallest": 4, "factor": 4}}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ladder_mode():
+    """The ladder that ``JAXOPS_TEST_LADDER`` asks for, for the whole session."""
+    mode = os.environ.get(LADDER_VAR)
+    if not mode:
+        yield
+        return
+    if mode not in _LADDER_MODES:
+        raise pytest.UsageError(f"{LADDER_VAR}={mode!r}: expected one of {sorted(_LADDER_MODES)}")
+    from jaxops.ops.ladder import settings
+
+    with settings(**_LADDER_MODES[mode]):
+        yield
+
+
 collect_ignore = [path for path, module in (("jaxops/nnx.py", "flax"),
                                             ("jaxops/equinox.py", "equinox"))
                   if importlib.util.find_spec(module) is None]

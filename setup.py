@@ -30,7 +30,8 @@ def _extensions() -> list[Extension]:
     return [Extension(
         "jaxops.native._jaxops_native",
         sources=[os.path.join(src, f) for f in (
-            "aclnn.cc", "compaction.cc", "hash.cc", "nms.cc", "scratch.cc", "unique.cc")],
+            "aclnn.cc", "compaction.cc", "hash.cc", "nms.cc", "rows.cc", "scratch.cc",
+            "unique.cc")],
         depends=[os.path.join(src, h) for h in ("common.h", "nms_walk.h", "parallel.h",
                                                   "radix_sort.h")],
         include_dirs=[src],

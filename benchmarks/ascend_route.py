@@ -1,7 +1,7 @@
 """The ascend kernels on the CANN double: the XLA custom call beside the pure_callback route.
 
 Both routes run the same aclnn dispatch on the C stand-in of the CANN runtime
-(``tests/ascend_double``, built with the system C compiler); the ratio is what the custom
+(``tests/helpers/ascend_double``, built with the system C compiler); the ratio is what the custom
 call saves by keeping Python off the call path. The stand-in's kernels are plain C loops,
 so at large sizes the kernel itself dominates both sides. Each side is compiled ahead of
 time (the route is chosen when a call is traced: ``JAXOPS_NATIVE=0`` for the callback side).
@@ -17,7 +17,7 @@ import numpy as np
 
 import jaxops
 from benchmarks.common import Result, against, compare
-from tests.ascend_double import build
+from tests.helpers.ascend_double import build
 
 
 def _compiled(fn, x, native_on: bool):

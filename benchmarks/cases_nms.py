@@ -15,7 +15,7 @@ import numpy as np
 
 import jaxops
 from benchmarks.common import Result, against, compare
-from tests.cases.nms import clear_low_bits, ort_feeds, ort_session  # the tests' oracle
+from tests.helpers.cases.nms import clear_low_bits, ort_feeds, ort_session  # the tests' oracle
 
 
 def uniform_boxes(rng, n: int, extent: float = 1000.0) -> np.ndarray:

@@ -13,6 +13,11 @@ function with its whole state donated.
   ``evict``), with ``EmbeddingCollection.maintain`` after every step: the step time of the
   steps after the fill (growth steps, which recompile, left out) against the steps before
   (target: within 1.5x), and the ids lost (target: 0).
+- **vs TorchRec** (where ``torchrec`` imports, or ``JAXOPS_TORCHREC_PYTHON`` names an
+  interpreter where it does: see ``benchmarks/_torchrec_peer.py``): the functional step and
+  the ``jaxops.nnx`` layer's step (its low-overhead pattern: ``nnx.split`` once, a jitted
+  functional step that merges), each on the native and the xla walks, against TorchRec's
+  ``FusedEmbeddingBagCollection`` step with torch on one thread, 2^22 slots (target: 0.7x).
 - **8 devices**: the same step with the table on ``MeshAxis`` over 8 forced host devices
   against one device (target: within 4x), in a child process; the note says the bytes the
   exchange moves per step. The 8 "devices" share this machine's cores: the ratio measures
@@ -49,7 +54,7 @@ def _batches(steps: int, batch: int, seed: int = 0):
 
 
 def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: float = 0.9,
-           route_capacity: int | None = None):
+           route_capacity: int | None = None, optimizer=None):
     import jax
     import jax.numpy as jnp
     import optax
@@ -59,7 +64,7 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
 
     names = tuple(f"c{i}" for i in range(FEATURES))
     coll = EmbeddingCollection([TableConfig(
-        "ids", slots, DIM, names, ht.optim.adagrad(0.05), 0.01, placement=placement,
+        "ids", slots, DIM, names, optimizer or ht.optim.adagrad(0.05), 0.01, placement=placement,
         load_policy=policy, max_load_factor=max_load_factor, route_capacity=route_capacity)])
     tx = optax.adam(1e-3)
 
@@ -90,6 +95,71 @@ def _model(slots: int, policy: str = "grow", placement=None, max_load_factor: fl
                 "opt": opt}, value
 
     return coll, init, step
+
+
+def _torchrec_adagrad():
+    """Row Adagrad as TorchRec's fused one starts: accumulator 0 (FBGEMM's), small eps."""
+    import jaxops.hashtable as ht
+
+    return ht.optim.adagrad(0.05, initial_accumulator_value=0.0, eps=1e-8)
+
+
+def _nnx_model(slots: int, optimizer=None):
+    """The same model as a Flax NNX module (``jaxops.nnx.Embedding`` + two ``nnx.Param``
+    matrices, ``nnx.Optimizer`` with Adam) and its step in Flax's low-overhead form: the
+    module split once, a jitted functional step that merges it (``nnx.jit`` traverses the
+    module graph on every call: 1-5 ms of host time a step here)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    import jaxops.hashtable as ht
+    import jaxops.nnx
+    from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
+
+    names = tuple(f"c{i}" for i in range(FEATURES))
+
+    class Dlrm(nnx.Module):
+        def __init__(self, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.embed = jaxops.nnx.Embedding(EmbeddingCollection([TableConfig(
+                "ids", slots, DIM, names, optimizer or ht.optim.adagrad(0.05), 0.01)]),
+                rngs=nnx.Rngs(k3))
+            self.bottom = nnx.Param(jax.random.normal(k1, (DENSE, DIM)) * 0.1)
+            self.top = nnx.Param(jax.random.normal(k2, ((FEATURES + 1) * DIM, 1)) * 0.05)
+
+    def init(key):
+        model = Dlrm(key)
+        return nnx.split((model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)))
+
+    @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+    def step(graphdef, state, dense, ids, labels):
+        model, opt = nnx.merge(graphdef, state)
+        features = {n: Bags.from_dense(ht.words.Words64(ids[0][i][:, None], ids[1][i][:, None]))
+                    for i, n in enumerate(names)}
+        looked = model.embed.lookup_or_insert(features)
+
+        def loss(model, rows):
+            pooled = model.embed.pool(looked, rows)
+            x = jnp.concatenate([dense @ model.bottom[...]] + [pooled[n] for n in names], 1)
+            return optax.sigmoid_binary_cross_entropy((x @ model.top[...])[:, 0], labels).mean()
+
+        value, (grads, row_grads) = nnx.value_and_grad(loss, argnums=(0, 1))(model, looked.rows)
+        opt.update(model, grads)
+        model.embed.apply_gradients(looked, row_grads)
+        return nnx.state((model, opt)), value
+
+    return init, step
+
+
+def _nnx_looping(init, step, batches):
+    """``_looping`` for the NNX step: (graphdef, state) threaded through."""
+    import jax
+
+    graphdef, state = init(jax.random.key(0))
+    call = _looping(lambda st, *a: step(graphdef, st, *a), state, batches)
+    return call
 
 
 def _words(ids):
@@ -221,8 +291,98 @@ def _filling(quick: bool, policy: str) -> Result:
                   "before it fills", statistics.median(before), target=1.5, note=note)
 
 
+def _vs_torchrec(quick: bool) -> list[Result]:
+    """The functional and NNX steps, native and xla walks, against TorchRec's fused step."""
+    import gc
+
+    import jax
+
+    from benchmarks import _torchrec_peer as peer
+    from jaxops.core.backend_table import use_backend
+
+    slots, batch = (1 << 16, 256) if quick else (1 << 22, 1024)
+    batches = _batches(8, batch)
+    _, init, step = _model(slots, optimizer=_torchrec_adagrad())
+    mlp = init(jax.random.key(0))["mlp"]  # both sides start from the same MLP
+    nnx_init, nnx_step = _nnx_model(slots, _torchrec_adagrad())
+    results = []
+    for name, path in (("functional", "native"), ("functional", "xla"), ("NNX", "native"),
+                       ("NNX", "xla")):
+        with use_backend("xla" if path == "xla" else "auto"):
+            ours = _looping(step, init(jax.random.key(0)), batches) if name == "functional" \
+                else _nnx_looping(nnx_init, nnx_step, batches)
+            jax.block_until_ready(ours())  # traced here, under the path's backend
+        theirs_first = _fresh_first_loss(peer, slots, batches, mlp)
+        theirs = peer.torchrec_step(slots, batches, jax.device_get(mlp))
+        theirs()  # one step each before the check: both sides at the same step
+        results.append(compare(
+            f"DLRM step vs TorchRec, {name}, {path}", ours, "TorchRec fused EBC, 1 thread",
+            theirs, target=0.7, repeats=5 if quick else 15, warmup=2,
+            check=_near_loss, note=_first_loss_note(theirs_first)))
+        del ours, theirs
+        gc.collect()
+    return results
+
+
+def _fresh_first_loss(peer, slots, batches, mlp):
+    """The first step's loss of a fresh jaxops model and a fresh TorchRec model, checked
+    equal (rows 0.01 on both sides, the same MLP): the comparison is of one model."""
+    import jax
+
+    _, init, step = _model(slots, optimizer=_torchrec_adagrad())
+    dense, ids, labels = batches[0]
+    ours = step(init(jax.random.key(0)), dense, _words(ids), labels)[1]
+    theirs = peer.torchrec_step(slots, batches[:1], jax.device_get(mlp))()
+    _same_loss(ours, theirs)
+    return float(ours), float(theirs)
+
+
+def _near_loss(ours, peer) -> None:
+    """Later steps: both losses finite and within 2% (the row Adagrads differ in their
+    constants: TorchRec's accumulator starts at 0 with eps 1e-10, jaxops' at 0.1 with
+    eps 1e-7; the first step, where they agree, is checked exactly before)."""
+    import numpy as np
+
+    if not (np.isfinite(ours) and np.isfinite(peer)) or abs(float(ours) - float(peer)) > \
+            0.02 * abs(float(peer)):
+        raise AssertionError(f"losses {float(ours)} (jaxops), {float(peer)} (TorchRec)")
+
+
+def _first_loss_note(losses) -> str:
+    return (f"first-step loss {losses[0]:.6f} (jaxops) = {losses[1]:.6f} (TorchRec), checked; "
+            "steps after the first are timed")
+
+
+def _torchrec_results(quick: bool) -> list[Result]:
+    """The TorchRec rows: here when torchrec imports, else in ``JAXOPS_TORCHREC_PYTHON``'s
+    interpreter (one process: both sides interleaved), else none (with how to install)."""
+    import os
+    import subprocess
+
+    from benchmarks import _torchrec_peer as peer
+
+    if peer.available():
+        return _vs_torchrec(quick)
+    python = os.environ.get("JAXOPS_TORCHREC_PYTHON")
+    if not python:
+        print("dlrm: torchrec is not installed: no TorchRec rows (see "
+              "benchmarks/_torchrec_peer.py to install it beside jaxops and set "
+              "JAXOPS_TORCHREC_PYTHON)")
+        return []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get(
+        "PYTHONPATH")))))
+    proc = subprocess.run([python, "-m", "benchmarks.dlrm", "--torchrec",
+                           "quick" if quick else "full"], env=env, cwd=root,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the TorchRec child of dlrm failed:\n{proc.stderr[-3000:]}")
+    return [Result(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
 def run(quick: bool = False) -> list[Result]:
-    results = [_vs_dense(quick), _filling(quick, "grow"), _filling(quick, "evict")]
+    results = [_vs_dense(quick), *_torchrec_results(quick), _filling(quick, "grow"),
+               _filling(quick, "evict")]
     row = run_on_host_devices("dlrm", quick)
     results.append(Result("DLRM step on 8 host devices", row["sharded_s"], "1 device",
                           row["single_s"], target=4.0, note=row["note"],
@@ -266,3 +426,9 @@ def _child(quick: bool) -> dict:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
     print(json.dumps(_child(sys.argv[2] == "quick")))
+if __name__ == "__main__" and sys.argv[1:2] == ["--torchrec"]:
+    import dataclasses
+
+    rows = _vs_torchrec(sys.argv[2] == "quick")
+    print(json.dumps([{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+                      for r in rows]))

@@ -22,7 +22,7 @@ import jaxops
 from benchmarks.cases_nms import uniform_boxes
 from benchmarks.common import (Check, Result, against, all_of, assert_table, compare,
                                holds_keys, same_result, table_rows)
-from tests.cases.nms import ort_feeds, ort_session
+from tests.helpers.cases.nms import ort_feeds, ort_session
 
 DENSITY = 0.1
 

@@ -21,7 +21,7 @@ import numpy as np
 
 import jaxops
 from benchmarks.common import Result, against, compare
-from tests import native_sweep as sweep
+from tests.helpers import native_sweep as sweep
 
 REPEATS = 3
 # every predicate path of the native NonZero (one byte, 16-bit ints, 16-bit floats, 32-bit

@@ -2,10 +2,11 @@
 
 For NonZero and for EmbeddingHashTableExport this writes a golden case (``.npz`` + JSON
 sidecar: inputs, outputs at their actual shapes in the dtypes of the kernel contract the
-case follows, the OP_OUTSHAPE tensor as a CANN kernel writes it, attrs, impl mode; for the
-export also the table before/after in CANN bucket bytes), reads it back, prints what a
-kernel must reproduce, checks it against an independent reference and compares a
-would-be NPU output with it. ``docs/golden.md`` is the guide.
+case follows, the OP_OUTSHAPE tensor as a CANN kernel writes it, attrs, impl mode; the
+export follows the arch35 kernel: its tables as CANN bucket bytes, table_sizes and one
+output per table), reads them back, prints what a kernel must reproduce, checks them
+against independent references and compares a would-be NPU output with one.
+``docs/golden.md`` is the guide.
 
 The same cases come from the command line: ``jaxops golden NonZero --seed 3``,
 ``jaxops golden check FILE``, ``jaxops golden compare GOLDEN ACTUAL``.
@@ -30,11 +31,13 @@ def show(path: str) -> None:
     for d in case["inputs"]:
         print(f"  input  {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} {d['shape']}")
     for d in case["outputs"]:
-        print(f"  output {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} "
-              f"max {d['max_shape']} actual {d.get('actual_shape')}")
-    words = case["arrays"]["outshape"]
-    print(f"  OP_OUTSHAPE {words.dtype} [{words.size}] rank words "
-          f"{[hex(int(w)) for w in words[::9]]} → shapes {outshape.decode(words)}")
+        shape = (f"max {d['max_shape']} actual {d['actual_shape']}" if "actual_shape" in d
+                 else f"{d['max_shape']}")  # a fixed shape: the kernel's whole output
+        print(f"  output {d['name']:16s} {d['dtype'].get('cann', d['dtype']['numpy']):8s} {shape}")
+    words = case["arrays"].get("outshape")
+    if words is not None:  # data-dependent shapes (the export takes its sizes from table_sizes)
+        print(f"  OP_OUTSHAPE {words.dtype} [{words.size}] rank words "
+              f"{[hex(int(w)) for w in words[::9]]} → shapes {outshape.decode(words)}")
     for name in case["extra"]:
         print(f"  extra  {name:16s} {case['arrays'][name].dtype} {list(case['arrays'][name].shape)}")
 
@@ -47,9 +50,11 @@ def main(out_dir: str | None = None) -> dict:
                                attrs={"export_mode": "new"})]
     for path in paths:
         show(path)
-    # checked against numpy's reading of ONNX NonZero (jaxops/golden/references.py), not
-    # against the kernel that wrote it; the table operators have no such reference yet
-    print(f"  check against the independent reference: {'OK' if golden.check_case(paths[0]) else 'FAILED'}")
+    # checked against numpy references written from each contract (jaxops/golden/
+    # references.py, table_references.py), not against the kernel that wrote the case
+    for path in paths:
+        print(f"  check {os.path.basename(path)} against the independent reference: "
+              f"{'OK' if golden.check_case(path) else 'FAILED'}")
     nz = golden.load_case(paths[0])["arrays"]
     expected = np.stack(np.nonzero(nz["input_x"]))            # numpy's answer, [D, N]
     matches = bool(np.array_equal(nz["output_y"], expected))  # stored at the actual shape

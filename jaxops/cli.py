@@ -73,17 +73,28 @@ def _golden_help(op: str) -> str:
     from jaxops.golden import contracts, get_spec
 
     spec, opdef = get_spec(op), get_op(op)
-    fixed = spec.shape is None
+    fixed, table = spec.shape is None, spec.build is not None
     lines = [f"usage: jaxops golden {op} [--seed N] [--out PATH] [--force] [--bin] "
-             + ("" if fixed else "[--shape D,D,...] [--dtype NAME] [--input FILE] ")
+             + ("[--bucket_size N] [--embedding_dim D] " if table else "")
+             + ("" if fixed else "[--shape D,D,...] [--dtype NAME] ")
+             + ("[--input FILE] " if table or not fixed else "")
              + "".join(f"[--{t} ...] " for t in spec.takes)
              + ("[--contract NAME] " if contracts.choices(op) else "")
              + "[--impl_mode MODE] [--ATTR VALUE ...]", "", spec.doc, ""]
-    if not fixed:
+    if table:
+        lines.append(f"inputs (CANN's names): {', '.join(spec.input_names)}; a table is its "
+                     "bucket bytes, uint8 [bucket_size, 24 + round_up_8(4 * embedding_dim)]")
+        lines.append("table: --bucket_size N (default 64) and --embedding_dim D (default 4), "
+                     "CANN's attrs; --input FILE: your inputs, a .npz by those names (or a "
+                     "--bin .json; the tables' sizes come from their bytes)")
+        if not fixed:
+            lines.append(f"--shape: {spec.shape_doc}. Defaults: --shape "
+                         f"{','.join(map(str, spec.shape))}, --dtype {spec.dtype}")
+    elif not fixed:
         lines.append(f"inputs: --shape is {spec.shape_doc} (default "
                      f"{','.join(map(str, spec.shape))}); --dtype its dtype (default {spec.dtype}); "
                      "--input FILE: your own (.npz by input name, .bin, or a --bin .json)")
-    else:
+    elif not table:
         lines.append("inputs: fixed (no --shape/--dtype/--input)")
     if contracts.choices(op):
         lines.append("contract (--contract): " + ", ".join(contracts.choices(op))
@@ -127,6 +138,13 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
         raise OpArgumentError("golden", "shape", "comma-separated non-negative ints such as "
                               "4,5,6", repr(text))
     return tuple(int(p) for p in parts)
+
+
+def _parse_size(name: str, text: str) -> int:
+    """``--bucket_size`` / ``--embedding_dim``: a positive int (the table cases check more)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise OpArgumentError("golden", name, "a positive int such as 64", repr(text))
+    return int(text)
 
 
 def _golden_tool(command: str, argv: list[str]) -> int:
@@ -177,10 +195,12 @@ def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.Arg
         raise OpArgumentError("golden", "special", "a comma-separated list of kinds", repr(args.special))
     generation = Generation(args.density, special)
     shape = _parse_shape(args.shape)
+    sizes = {name: _parse_size(name, getattr(args, name)) for name in ("bucket_size", "embedding_dim")
+             if getattr(args, name) is not None}
     from jaxops.golden import files  # an existing case is refused before JAX even loads
     files.refuse_existing(files.target(args.op, args.seed, args.out), args.bin, args.force)
     golden.get_spec(args.op)  # loads its operators (not the whole library): unknown → hint
-    attrs = _parse_attr_args(args.op, extra)
+    attrs = {**_parse_attr_args(args.op, extra), **sizes}
     path = golden.write_case(args.op, seed=args.seed, out=args.out, attrs=attrs,
                              shape=shape, dtype=args.dtype, force=args.force,
                              bin=args.bin, input_path=args.input, contract=args.contract,
@@ -239,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contract", help="the kernel contract where there are several "
                    "(NonMaxSuppression: aclnn, the default, or onnx)")
     p.add_argument("--impl_mode", help="impl mode to run, e.g. high_precision, high_performance")
+    p.add_argument("--bucket_size", help="hash-table cases: the table's buckets (CANN's "
+                   "bucket_size attr; default 64)")
+    p.add_argument("--embedding_dim", help="hash-table cases: floats per row (CANN's "
+                   "embedding_dim attr; default 4)")
     p.set_defaults(subparser=p)  # golden prints its own help (with OP: the op's attributes)
     return parser
 

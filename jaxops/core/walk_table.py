@@ -3,7 +3,9 @@
 The hash-table operations (``jaxops/hashtable``) are built from a few walks over a
 table: find each key (``find_slots``), group a batch's duplicates (``first_occurrences``),
 place new keys in batch order (``place_new_keys``), read rows by slot (``gather_rows``),
-or find keys and read their rows in one pass (``find_rows``).
+or find keys and read their rows in one pass (``find_rows``); and the row moves every
+training step makes into a table's per-slot arrays: read rows by slot (``take_rows``),
+write them in place (``put_rows``), and make a table's arrays (``fill``).
 Their xla versions are the reference and the fallback. A backend with a faster kernel for
 a walk (:mod:`jaxops.native`: C++ through the XLA FFI) registers it here by the walk's
 name; an operation asks :func:`walk_kernel` when it is traced and runs its xla walk when
@@ -34,7 +36,8 @@ from jaxops.core.backend_table import backend_status, requested_backend
 __all__ = ["WALKS", "probing_ops", "register_walk", "uses_walks", "walk_kernel", "walk_path"]
 
 #: The walks a backend may serve (see the module docstring).
-WALKS = ("find_slots", "first_occurrences", "place_new_keys", "gather_rows", "find_rows")
+WALKS = ("find_slots", "first_occurrences", "place_new_keys", "gather_rows", "find_rows",
+         "take_rows", "put_rows", "fill")
 
 _KERNELS: dict[str, tuple[str, Callable]] = {}  # walk -> (backend, kernel)
 _PROBING_OPS: set[str] = set()

@@ -15,11 +15,13 @@ The package sits below ``tracing``: it runs each operator's OpDef directly.
 - :mod:`jaxops.golden.contracts` — which kernel contract each case follows, from CANN's sources;
 - :mod:`jaxops.golden.generators`, :mod:`jaxops.golden.inputs` — generated or given inputs;
 - :mod:`jaxops.golden.cases`, :mod:`jaxops.golden.files` — making, writing and reading a case;
-- :mod:`jaxops.golden.references` (and ``nms_references``) — independent numpy references;
+- :mod:`jaxops.golden.references` (and ``nms_references``, ``table_references``) —
+  independent numpy references;
 - :mod:`jaxops.golden.check` — checking a case against its contract's reference;
 - :mod:`jaxops.golden.compare` — comparing an NPU's outputs with a case (CANN's precision
   standard);
-- ``ops_specs``, ``hashtable_specs`` — the specs themselves (imported on first use).
+- ``ops_specs``, ``hashtable_specs`` — the specs themselves (imported on first use; the
+  hash-table cases' inputs and contracts in ``table_inputs``, ``table_contracts``).
 
 >>> import tempfile, os
 >>> from jaxops.golden import check_case, load_case, write_case

@@ -17,7 +17,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any
 
@@ -149,24 +148,6 @@ def _outputs(opdef: OpDef, inputs: list, attrs: dict, mode) -> list[contracts.Go
     return result
 
 
-def _from_run(opdef: OpDef, run: GoldenRun) -> list[contracts.GoldenOutput]:
-    """A spec's own :class:`GoldenRun` (the hash-table specs) as outputs."""
-    result = []
-    for k, (param, buf) in enumerate(zip(opdef.outputs, run.wire)):
-        buf = np.asarray(jax.device_get(buf))
-        if buf.dtype == np.int32 and param.dtypes and DataType.INT64 in param.dtypes:
-            buf = buf.astype(np.int64)  # as format 1 wrote them: x64 off and on the same
-        if run.outshape is None:
-            result.append(contracts.GoldenOutput(param.name, buf, buf.shape))
-            continue
-        actual = tuple(run.actual_shapes[k])
-        cut = buf.reshape(-1)[:math.prod(actual)].reshape(actual)
-        true = (run.true_shapes or [None] * len(run.wire))[k]
-        result.append(contracts.GoldenOutput(param.name, cut, buf.shape, true,
-                                             opdef.fill_value(k) if opdef.fill_values else 0))
-    return result
-
-
 def _inputs(spec, opdef, attrs, seed, shape, dtype, generation, input_path):
     """The case's inputs: the developer's file, or the spec's generator at ``seed``."""
     if input_path is None:
@@ -210,9 +191,12 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
     spec = get_spec(op)
     opdef = get_op(op)  # the one lookup of this case
     attrs = {**spec.default_attrs, **(attrs or {})}
-    opdef.check_attrs(attrs)  # bad values fail before any work
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise OpArgumentError("golden", "seed", "a non-negative int", repr(seed))
+    if spec.build is not None:
+        return _table_case(spec, opdef, int(seed), attrs, shape, dtype, input_path,
+                           generation, contract, impl_mode)
+    opdef.check_attrs(attrs)  # bad values fail before any work
     rule = contracts.choices(op)
     if not rule and contract is not None:
         raise OpArgumentError(f"golden {op}", "contract", "no --contract (its case has one)",
@@ -225,12 +209,7 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
         contracts.check_inputs(op, kernel, inputs, full_attrs)
     named = {p.name: np.asarray(x) for p, x in zip(opdef.inputs, inputs)
              if x is not None and not isinstance(x, (list, tuple)) and hasattr(x, "dtype")}
-    if spec.run is not None:
-        extra, run = spec.run(opdef, inputs, attrs)
-        outputs, words = _from_run(opdef, run), run.outshape
-    else:
-        extra, outputs = {}, _outputs(opdef, inputs, attrs, mode)
-        words = None
+    extra, outputs, words = {}, _outputs(opdef, inputs, attrs, mode), None
     if kernel is not None:
         index = {p.name for p in opdef.outputs if p.dtypes and set(p.dtypes) == _INDEX_PORT}
         outputs = contracts.to_contract(op, kernel, outputs, named, index)
@@ -253,11 +232,38 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
     return arrays, description
 
 
+def _table_case(spec, opdef, seed, attrs, shape, dtype, input_path, generation, contract,
+                impl_mode) -> tuple[dict, dict]:
+    """A hash-table case: its spec's ``build`` makes CANN's inputs and outputs by name."""
+    if generation != Generation():
+        raise OpArgumentError(f"golden {spec.op}", "density" if generation.density is not None
+                              else "special", "no --density/--special (its inputs are tables "
+                              "and keys)", repr(generation.describe()))
+    mode = opdef.select_mode(impl_mode)
+    own = {k: attrs.pop(k) for k in list(attrs) if k in spec.case_attrs}
+    attrs = {**opdef.check_attrs(attrs), **own}  # bad values fail before any work
+    contracts.contract(spec.op, attrs, contract)  # so do attrs the kernel does not have
+    inputs, outputs, attrs = spec.build(spec, seed, attrs, shape, dtype, input_path)
+    kernel = contracts.contract(spec.op, attrs, contract)
+    arrays = {f"input_{k}": v for k, v in inputs.items()}
+    arrays.update({f"output_{o.name}": o.data for o in outputs})
+    source = ({"input_file": os.path.basename(os.fspath(input_path))} if input_path is not None
+              else {"generation": generation.describe()})
+    if shape is not None:
+        source["input_shape"] = list(shape)
+    if dtype is not None:
+        source["input_dtype"] = str(dtype)
+    description = _describe(spec.op, None if input_path is not None else seed, source, kernel,
+                            attrs, mode, arrays, outputs, None, {})
+    return arrays, description
+
+
 def _describe(op, seed, source, kernel, attrs, mode, arrays, outputs, words, extra) -> dict:
     outs = []
     for o in outputs:
         d = files.describe_tensor(o.name, o.data)
         d["max_shape"] = list(o.max_shape)
+        d.update(o.notes or {})
         if o.data_dependent:
             d["actual_shape"] = list(o.data.shape)
             d["fill_value"] = o.fill_value
@@ -271,8 +277,7 @@ def _describe(op, seed, source, kernel, attrs, mode, arrays, outputs, words, ext
         "seed": seed,
         **source,
         "contract": kernel.describe() if kernel is not None else {
-            "name": "jaxops", "follows": "jaxops' operator; not yet checked against CANN's "
-            "kernel (the table operators' part of issue 40)"},
+            "name": "jaxops", "follows": "jaxops' operator (no kernel contract recorded)"},
         "attrs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items()
                   if not isinstance(v, np.ndarray)},
         "impl_mode": {"name": impl_mode_to_str(mode), "value": int(mode)},

@@ -22,6 +22,10 @@ NonMaxSuppression      aclnnNonMaxSuppression      ops-cv ``objdetect/non_max_su
                        (``onnx``)                  ``impl/dynamic/non_max_suppression_v6.py``)
 BatchedNMS             torchvision batched_nms     no aclnn kernel
 EfficientNMS           TensorRT EfficientNMS_TRT   no aclnn kernel
+InitEmbeddingHashTable the arch35 kernels          ops-nn ``hash/<op>``: op_graph proto,
+EmbeddingHashTable*    (``arch35``): the bucket    op_kernel/arch35, op_host tiling and
+                       bytes the handle points at  infershape (rules in
+                                                   :mod:`jaxops.golden.table_contracts`)
 =====================  ==========================  ==========================================
 
 >>> c = contract("NonZero", {"transpose": False, "size": None}, None)
@@ -43,7 +47,7 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 
 __all__ = ["ACLNN_NMS_MAX_PER_CLASS", "Contract", "GoldenOutput", "check_inputs", "choices",
-           "contract", "to_contract"]
+           "contract", "register_contract", "to_contract"]
 
 _OPS_NN = "hicann/ops-nn"
 _NMS_DIR = "hicann/ops-cv objdetect/non_max_suppression_v6/"
@@ -83,13 +87,15 @@ class Contract:
 class GoldenOutput:
     """One output of a case: its data at the actual shape, its max (buffer) shape, the
     true shape a capacity would have needed (``None``: none can cut it), its padding value
-    (``None``: the output is its whole buffer)."""
+    (``None``: the output is its whole buffer), and what else its description says
+    (``notes``: a bucket table's ``{"buckets": {"embedding_dim": D}}``)."""
 
     name: str
     data: np.ndarray
     max_shape: tuple
     true_shape: tuple | None = None
     fill_value: Any = None
+    notes: dict | None = None
 
     @property
     def data_dependent(self) -> bool:
@@ -99,11 +105,17 @@ class GoldenOutput:
 _RULES: dict[str, tuple[tuple[str, ...], Callable[[dict, str], Contract]]] = {}
 
 
-def _rule(op: str, *names: str):
+def register_contract(op: str, *names: str):
+    """Decorator: ``fn(attrs, choice) -> Contract`` is ``op``'s rule, for the ``--contract``
+    values ``names`` (the default first). The hash-table operators' rules are in
+    :mod:`jaxops.golden.table_contracts` (registered with their specs)."""
     def register(fn):
         _RULES[op] = (names, fn)
         return fn
     return register
+
+
+_rule = register_contract
 
 
 def choices(op: str) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.golden.files import load
 from jaxops.golden.specs import dtype_named
 
-__all__ = ["read_inputs"]
+__all__ = ["read_inputs", "read_named"]
 
 
 def read_inputs(path: str | os.PathLike, names: list[str], shape=None, dtype=None,
@@ -109,3 +109,31 @@ def _from_json(path: str, names: list[str]) -> dict[str, np.ndarray]:
             found[d["name"]] = _from_bin(os.path.join(base, d["bin"]), [d["name"]],
                                          tuple(d["shape"]), dt)[d["name"]]
     return found
+
+
+def read_named(path: str | os.PathLike, op: str) -> dict[str, np.ndarray]:
+    """Every input in ``path`` by name (a ``.npz``: each array, ``input_`` stripped, a golden
+    case's own file too; a ``.json`` written with ``--bin``: its inputs' ``.bin`` files), for
+    the hash-table cases, whose inputs are CANN's and several.
+
+    Examples:
+      >>> import tempfile, os
+      >>> p = os.path.join(tempfile.mkdtemp(), "in.npz")
+      >>> np.savez(p, input_keys=np.arange(3), table=np.zeros((2, 32), np.uint8))
+      >>> sorted(read_named(p, "EmbeddingHashTableEvict"))
+      ['keys', 'table']
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path) or not path.endswith((".npz", ".json")):
+        raise OpArgumentError(f"golden {op}", "input", "an existing .npz (arrays by CANN's input "
+                              "names) or a .json written with --bin", repr(path))
+    if path.endswith(".json"):
+        with open(path) as f:
+            names = [d["name"] for d in json.load(f).get("inputs", [])]
+        return _from_json(path, names)
+    with np.load(path) as z:
+        stored = {k: z[k] for k in z.files}
+    if "description" in stored:  # a golden case: its own reader restores its dtypes
+        stored = load(path)["arrays"]
+    return {k[len("input_"):] if k.startswith("input_") else k: a for k, a in stored.items()
+            if not k.startswith(("output_", "outshape", "description"))}

@@ -5,8 +5,9 @@ checked against itself passes its own bugs (issue 35: a 16M NonZero case held a 
 index, and the recomputing check passed it). So this module imports no jaxops kernel and
 no shared piece of one; each reference reads the contract it follows (the aclnn kernel's,
 else ONNX, torchvision, TensorRT) and states it in a few lines of numpy. The NMS family's
-are in :mod:`jaxops.golden.nms_references` (registered when it is imported, as
-:mod:`jaxops.golden.check` does).
+are in :mod:`jaxops.golden.nms_references`, the hash-table operators' in
+:mod:`jaxops.golden.table_references` (registered when imported, as :mod:`jaxops.golden.check`
+does).
 
 A reference takes the case's inputs (numpy, in OpDef order) and its attrs and returns
 :class:`Expected`: each output at its exact shape (after the ``size`` attr's cut, as the
@@ -28,37 +29,58 @@ import numpy as np
 
 from jaxops.core.errors import OpArgumentError
 
-__all__ = ["Expected", "has_reference", "reference", "register_reference"]
+__all__ = ["Expected", "has_reference", "reference", "register_reference", "takes_names"]
 
 
 class Expected(NamedTuple):
     """What a kernel must return: exact-shape outputs and (``None`` where no capacity can
-    cut it) each output's true shape."""
+    cut it) each output's true shape. A reference registered ``named`` returns
+    ``{name: output}`` and ``true_shapes=None``, and ``tolerances``: ``{name: array}`` of
+    the absolute difference each float element may have (elements not named: bit for bit;
+    a uint8 bucket table's tolerance is its rows', ``[bucket_size, embedding_dim]``)."""
 
-    outputs: list
-    true_shapes: list
+    outputs: list | dict
+    true_shapes: list | None
+    tolerances: dict | None = None
 
 
 _REFERENCES: dict[tuple[str, str | None], Callable[..., Expected]] = {}
 #: The impl modes each reference models (a case in another mode is refused).
 _MODES: dict[tuple[str, str | None], tuple[str, ...]] = {}
+#: The references that take their inputs by name (``{name: array}``), not in OpDef order.
+_NAMED: set[tuple[str, str | None]] = set()
 
 
 def register_reference(op: str, contract: str | None = None,
-                       modes: tuple[str, ...] = ("high_precision",)):
+                       modes: tuple[str, ...] = ("high_precision",), named: bool = False):
     """Decorator: registers ``fn(inputs, attrs, mode)`` as ``op``'s reference (for one
-    ``contract`` name, or ``None``: every contract without its own), modelling ``modes``."""
+    ``contract`` name, or ``None``: every contract without its own), modelling ``modes``;
+    ``named``: it takes and returns tensors by name (the hash-table operators, whose cases
+    hold CANN's inputs, not the OpDef's)."""
     def register(fn):
         _REFERENCES[(op, contract)] = fn
         _MODES[(op, contract)] = modes
+        if named:
+            _NAMED.add((op, contract))
         return fn
     return register
 
 
-def has_reference(op: str) -> bool:
-    """Whether ``op`` has an independent reference here.
+def takes_names(op: str, contract: str | None = None) -> bool:
+    """Whether ``op``'s reference takes its inputs by name (``register_reference(named=)``).
 
-    >>> has_reference("NonZero"), has_reference("EmbeddingHashTableExport")
+    >>> takes_names("NonZero")
+    False
+    """
+    key = (op, contract) if (op, contract) in _REFERENCES else (op, None)
+    return key in _NAMED
+
+
+def has_reference(op: str) -> bool:
+    """Whether ``op`` has an independent reference (once the module registering it is
+    imported: :mod:`jaxops.golden.check` imports them all).
+
+    >>> has_reference("NonZero"), has_reference("NoSuchOp")
     (True, False)
     """
     return any(o == op for o, _ in _REFERENCES)

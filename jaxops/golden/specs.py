@@ -44,10 +44,12 @@ class GoldenSpec:
     :class:`~jaxops.golden.generators.Generation` (``--density``, ``--special``).
     ``shape=None`` means the case's inputs are fixed (``make_inputs(rng, attrs)``) and
     none of these can be chosen; ``shape_doc`` says which input ``shape`` is.
-    ``run(opdef, inputs, attrs)`` (optional) replaces the default run of the OpDef and
-    returns a dict of extra arrays plus the :class:`~jaxops.golden.cases.GoldenRun` (used by
-    the hash-table operators for their CANN bucket bytes). ``module`` registers the
-    operator (imported before the spec is used).
+    ``build`` (the hash-table operators) makes the whole case itself, with CANN's inputs
+    and outputs by name (:mod:`jaxops.golden.hashtable_specs`):
+    ``build(spec, seed, attrs, shape, dtype, input_path) -> (inputs, outputs, attrs)``;
+    ``case_attrs`` are the attrs it takes beyond the OpDef's (CANN's ``bucket_size`` and
+    ``embedding_dim``) and ``input_names`` its inputs (for ``--help`` and ``--input``).
+    ``module`` registers the operator (imported before the spec is used).
 
     Examples:
       >>> spec = get_spec("MaskedSelect")
@@ -59,13 +61,15 @@ class GoldenSpec:
     doc: str
     make_inputs: Callable[..., list]
     default_attrs: dict = dataclasses.field(default_factory=dict)
-    run: Callable[[Any, list, dict], tuple[dict, Any]] | None = None
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     shape_doc: str = ""
     any_rank: bool = False  # whether --shape may have another number of dims than ``shape``
     takes: tuple[str, ...] = ()  # the generator options it takes: "density", "special"
     module: str = "jaxops.ops"
+    build: Callable[..., tuple] | None = None
+    case_attrs: tuple[str, ...] = ()
+    input_names: tuple[str, ...] = ()
 
 
 _SPECS: dict[str, GoldenSpec] = {}
@@ -131,7 +135,7 @@ def golden_case(op: str, doc: str, **fields: Any) -> Callable[[Callable[..., lis
     Args:
       op: a registered operator name.
       doc: one line saying what the case holds.
-      **fields: the other :class:`GoldenSpec` fields (``default_attrs``, ``run``, ``shape``,
+      **fields: the other :class:`GoldenSpec` fields (``default_attrs``, ``shape``, ``build``,
         ``dtype``, ``shape_doc``, ``any_rank``, ``takes``).
 
     Returns:
@@ -210,7 +214,8 @@ def input_shape_dtype(spec: GoldenSpec, shape: Any, dtype: Any) -> tuple[Any, An
     """
     if spec.shape is None and (shape is not None or dtype is not None):
         raise OpArgumentError("golden", "shape" if shape is not None else "dtype",
-                              f"no --shape/--dtype for {spec.op} (its case has fixed inputs)",
+                              f"no --shape/--dtype for {spec.op} ("
+                              + (spec.shape_doc or "its case has fixed inputs") + ")",
                               repr(shape if shape is not None else dtype))
     if shape is None:
         shape = spec.shape

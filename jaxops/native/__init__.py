@@ -50,6 +50,9 @@ TARGETS = {
     "jaxops_hash_place": "JaxopsHashPlace",
     "jaxops_hash_rows": "JaxopsHashRows",
     "jaxops_hash_find_rows": "JaxopsHashFindRows",
+    "jaxops_take_rows": "JaxopsTakeRows",
+    "jaxops_put_rows": "JaxopsPutRows",
+    "jaxops_fill_huge": "JaxopsFillHuge",
     # the aclnn two-phase dispatch of the ascend backend (jaxops/backends/aclnn_call.py)
     "jaxops_aclnn": "JaxopsAclnn",
 }

@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxops.core.walk_table import register_walk
 
-__all__ = ["find_rows", "find_slots", "first_occurrences", "gather_rows", "place_new_keys",
-           "register"]
+__all__ = ["fill", "find_rows", "find_slots", "first_occurrences", "gather_rows",
+           "place_new_keys", "put_rows", "register", "take_rows"]
 
 i32, u8 = jnp.int32, jnp.uint8
 
@@ -84,7 +84,31 @@ def find_rows(values, key_lo, key_hi, flags, lo, hi, default_value, limit):
     return rows, slots
 
 
+def take_rows(arrays, slots):
+    """``[a[slots] for a in arrays]`` along axis 0 (any dtypes, one length; rows of slots
+    outside ``[0, len)`` are zeros) in one pass, each lane's rows of every array requested
+    together, a prefetch ahead (``src/rows.cc``)."""
+    shapes = [((slots.shape[0], *a.shape[1:]), a.dtype) for a in arrays]
+    return _call("jaxops_take_rows", shapes, slots, *arrays)
+
+
+def put_rows(arrays, slots, rows):
+    """``[a.at[slots].set(r) for a, r in zip(arrays, rows)]`` for the slots in range
+    (distinct), in place in one pass (each array is aliased to its result)."""
+    k = len(arrays)
+    return _call("jaxops_put_rows", [(a.shape, a.dtype) for a in arrays], slots, *arrays,
+                 *(r.astype(a.dtype) for a, r in zip(arrays, rows)),
+                 aliases={1 + j: j for j in range(k)})
+
+
+def fill(shape, dtype, value):
+    """A new array of ``shape`` filled with ``value``, its pages advised huge before the
+    first write (a table's arrays, read at random rows for the table's whole life)."""
+    return _call("jaxops_fill_huge", [(tuple(shape), dtype)], jnp.asarray(value, dtype))[0]
+
+
 def register() -> None:
     """Registers each walk as the ``native`` backend's in the core's walk table."""
-    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows):
+    for walk in (find_slots, first_occurrences, place_new_keys, gather_rows, find_rows,
+                 take_rows, put_rows, fill):
         register_walk(walk.__name__, "native", walk)

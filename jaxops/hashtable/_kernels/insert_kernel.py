@@ -34,7 +34,7 @@ from jaxops.hashtable._table.words64 import Words64, add_to_words, as_counter
 from jaxops.hashtable._walks.batch import (effective_keys, find_or_place, group_first, group_prefix,
                                            group_weight, is_first, key_batch, set_rows)
 from jaxops.hashtable._walks.probe import take
-from jaxops.hashtable._walks.row_gather import gather_rows
+from jaxops.hashtable._walks.row_gather import gather_rows, put_each, take_rows
 from jaxops.hashtable._walks.slot_owner import advance_epochs
 
 __all__ = ["LookupInfo", "insert_keys", "insert_lanes", "insert_on_shard"]
@@ -142,14 +142,14 @@ def insert_lanes(table: HashTable, words: Words64, active=None, weights=None, *,
     at = jnp.maximum(slot, 0)
     fresh = (old_flags & VALID) == 0  # an empty slot or another key's tombstone: counter 0
     zero = jnp.zeros_like(at, dtype=jnp.uint32)
-    before_lo = jnp.where(fresh, zero, take(table.counter_lo, at))
+    before_lo = jnp.where(fresh, zero, take_rows(table.counter_lo, at))
     low = add_to_words(Words64(before_lo, zero), group_weight(first, placed, w))  # .hi: carry
     # The high word is read and written only where it changes (a carry, or a slot new to
     # its key) unless admission needs it: a present key's step then touches one counter
     # word, one random memory access fewer in a table larger than the caches.
     hi_changes = fresh | (low.hi != 0)
     read_hi = ~fresh if filter_mode == "counter" else ~fresh & hi_changes
-    before = Words64(before_lo, jnp.where(read_hi, take(table.counter_hi, jnp.where(
+    before = Words64(before_lo, jnp.where(read_hi, take_rows(table.counter_hi, jnp.where(
         read_hi, at, 0)), zero))
     after = Words64(low.lo, before.hi + low.hi)
     fresh = fresh | ((old_flags & EVICTED) != 0)  # a revived tombstone is new again
@@ -165,14 +165,17 @@ def insert_lanes(table: HashTable, words: Words64, active=None, weights=None, *,
     # Only what changes is written: a present key's words (and mostly its flags) stay, and
     # each skipped write is one random memory access fewer in a table larger than the caches.
     new_key = lead & placing.placed
+    # Every slot's counter and score are written (one pass for both words on the native path).
+    counter_lo, last_access = put_each(
+        [table.counter_lo, table.last_access], jnp.where(lead, slot, size),
+        [after.lo, jnp.broadcast_to(table.clock, slot.shape)])
     new_table = table.replace(
         key_lo=set_rows(placing.key_lo, slot, batch.words.lo, new_key),
         key_hi=set_rows(table.key_hi, slot, batch.words.hi, new_key),
-        counter_lo=set_rows(table.counter_lo, slot, after.lo, lead),
+        counter_lo=counter_lo,
         counter_hi=set_rows(table.counter_hi, slot, after.hi, lead & hi_changes),
         flags=set_rows(placing.flags, slot, flags, lead & (flags != old_flags)),
-        last_access=set_rows(table.last_access, slot, jnp.broadcast_to(table.clock, slot.shape),
-                             lead),
+        last_access=last_access,
         epoch=advance_epochs(table.epoch, slot, lead & fresh),
         live=table.live + inserted, not_exported=table.not_exported + inserted,
         dropped=add_to_words(as_counter(table.dropped), unplaced))

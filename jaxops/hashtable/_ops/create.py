@@ -20,6 +20,7 @@ from jaxops.core.memory import refuse_unless_fits
 from jaxops.hashtable._kernels.opdefs import INIT_OP
 from jaxops.hashtable._placement.on_mesh import MeshAxis
 from jaxops.hashtable._placement.placement import ONE_DEVICE, Placement
+from jaxops.hashtable._table.buffers import filled
 from jaxops.hashtable._table.checks import check_key_dtype
 from jaxops.hashtable._table.table import HashTable, check_bucket_size, slot_bytes
 from jaxops.ops.loops import while_loop
@@ -170,7 +171,7 @@ def _init_kernel(sampled_values, *, bucket_size, embedding_dim, initializer_mode
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _constant_table(bucket_size, embedding_dim, constant_value):
     return HashTable.empty(bucket_size, embedding_dim,
-                           jnp.full((bucket_size, embedding_dim), constant_value, jnp.float32))
+                           filled((bucket_size, embedding_dim), jnp.float32, constant_value))
 
 
 def _check_embedding_dim(op: str, embedding_dim) -> int:
@@ -194,7 +195,7 @@ def _random_table(key, bucket_size, embedding_dim):
 
     # loops.while_loop: also inside shard_map(check_vma=True) with a device-varying key.
     _, values = while_loop(lambda s: s[0] < steps, lambda s: (s[0] + 1, draw(*s)),
-                           (jnp.int32(0), jnp.zeros((bucket_size, embedding_dim), jnp.float32)))
+                           (jnp.int32(0), filled((bucket_size, embedding_dim), jnp.float32, 0.0)))
     return HashTable.empty(bucket_size, embedding_dim, values)
 
 

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError
+from jaxops.hashtable._table.buffers import filled
 from jaxops.hashtable._table.checks import KEY_DTYPES, check_int, check_numeric
 from jaxops.hashtable._table.words64 import EMPTY_WORD, Counter64, Words64, to_host_int64
 
@@ -159,10 +160,10 @@ class HashTable:
     def empty(cls, bucket_size: int, embedding_dim: int, values: jax.Array) -> "HashTable":
         """A table with no keys whose slots hold ``values`` (the rows new keys start with)."""
         # Every field its own buffer: a jitted step may donate the whole table.
-        full = lambda: jnp.full((bucket_size,), EMPTY_WORD, jnp.uint32)  # noqa: E731
-        zero = lambda: jnp.zeros((bucket_size,), jnp.uint32)  # noqa: E731
+        full = lambda: filled((bucket_size,), jnp.uint32, EMPTY_WORD)  # noqa: E731
+        zero = lambda: filled((bucket_size,), jnp.uint32, 0)  # noqa: E731
         count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
-        byte = jnp.zeros((bucket_size,), jnp.uint8)
+        byte = filled((bucket_size,), jnp.uint8, 0)
         values = jnp.asarray(values, jnp.float32).reshape(bucket_size, embedding_dim)
         return cls(full(), full(), zero(), zero(), byte, values, zero(), zero(), count(),
                    count(), Counter64.zero(), jnp.zeros((), jnp.uint32))

@@ -25,6 +25,7 @@ from jaxops.hashtable._table.murmur import home_slot
 from jaxops.hashtable._table.table import EVICTED, HashTable
 from jaxops.hashtable._table.words64 import Words64, as_words
 from jaxops.hashtable._walks.probe import find_slots, first_occurrences, place_new_keys, take
+from jaxops.hashtable._walks.row_gather import put_rows
 
 
 class KeyBatch(NamedTuple):
@@ -212,5 +213,4 @@ def slot_words(slot: jax.Array) -> Words64:
 
 def set_rows(a: jax.Array, slot: jax.Array, rows: jax.Array, write: jax.Array) -> jax.Array:
     """``a`` with ``a[slot[i]] = rows[i]`` where ``write[i]`` (written slots are distinct)."""
-    where = jnp.where(write, slot, a.shape[0])
-    return a.at[where].set(rows.astype(a.dtype), mode="drop", unique_indices=True)
+    return put_rows(a, jnp.where(write, slot, a.shape[0]).astype(jnp.int32), rows)

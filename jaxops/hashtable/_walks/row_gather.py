@@ -19,7 +19,8 @@ import numpy as np
 from jaxops.core.errors import OpArgumentError
 from jaxops.core.walk_table import walk_kernel
 
-__all__ = ["SLOTS", "check_slots", "gather_rows", "probed_rows"]
+__all__ = ["SLOTS", "check_slots", "gather_rows", "probed_rows", "put_each", "put_rows",
+           "take_each", "take_rows"]
 
 SLOTS = "an integer array of slots (e.g. lookup_or_insert's info.slots; -1 = absent)"
 
@@ -33,6 +34,42 @@ def gather_rows(values: jax.Array, slots: jax.Array, default_value: float = 0.0)
     duplicate slots accumulate.
     """
     return _gather(values, slots, default_value)
+
+
+def take_rows(a: jax.Array, at: jax.Array) -> jax.Array:
+    """``a[at]`` along axis 0 for int32 slots ``at`` in range (a per-slot array of a table:
+    keys, counters, rows, optimizer state); see :func:`take_each`."""
+    return take_each([a], at)[0]
+
+
+def take_each(arrays: list[jax.Array], at: jax.Array) -> list[jax.Array]:
+    """``[a[at] for a in arrays]`` (per-slot arrays of one length, ``at`` int32 in range).
+    Where the walks take the native path, one C++ pass copies every array's row of a lane
+    together, with prefetches ahead: the random misses of all the arrays overlap (XLA's
+    gathers, one per array and fused into their consumers, stall on each in turn); the
+    same values either way."""
+    native = walk_kernel("take_rows")
+    at = at.astype(jnp.int32)
+    if native is not None and at.ndim == 1 and arrays:
+        return list(native(arrays, at))
+    return [a.at[at].get(mode="promise_in_bounds", indices_are_sorted=False) for a in arrays]
+
+
+def put_rows(a: jax.Array, at: jax.Array, rows: jax.Array) -> jax.Array:
+    """``a`` with ``a[at[i]] = rows[i]`` where ``at[i]`` is in range; see :func:`put_each`."""
+    return put_each([a], at, [rows])[0]
+
+
+def put_each(arrays: list[jax.Array], at: jax.Array, rows: list[jax.Array]) -> list[jax.Array]:
+    """Each ``a`` with ``a[at[i]] = r[i]`` where ``at[i]`` is in range (distinct slots; an
+    index past the end writes nothing), updated in place where the arrays are donated: on
+    the native path one C++ pass with prefetches for all of them, else XLA's scatters."""
+    native = walk_kernel("put_rows")
+    at = at.astype(jnp.int32)
+    if native is not None and at.ndim == 1 and arrays:
+        return list(native(arrays, at, rows))
+    return [a.at[at].set(r.astype(a.dtype), mode="drop", unique_indices=True)
+            for a, r in zip(arrays, rows)]
 
 
 def check_slots(slots: np.ndarray, rows: int) -> None:

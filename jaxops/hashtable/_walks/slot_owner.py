@@ -38,9 +38,11 @@ import numpy as np
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._walks.batch import set_rows
 from jaxops.hashtable._walks.probe import take
+from jaxops.hashtable._table.buffers import copied
+from jaxops.hashtable._walks.row_gather import put_each, take_each, take_rows
 
-__all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "record_owners",
-           "reset_rows", "slot_owners"]
+__all__ = ["SlotOwner", "advance_epochs", "changed_hands", "move_state_rows", "owners_changed",
+           "record_owners", "reset_rows", "slot_owners"]
 
 
 class SlotOwner(NamedTuple):
@@ -56,15 +58,14 @@ def advance_epochs(epoch: jax.Array, slot: jax.Array, placed: jax.Array) -> jax.
     """``epoch`` one higher at the slots ``slot`` where ``placed`` (a key was placed there:
     a new key, or an evicted key coming back; distinct slots). Only those slots are read, so
     a batch of present keys touches no epoch."""
-    now = take(epoch, jnp.where(placed, slot, 0))
+    now = take_rows(epoch, jnp.where(placed, slot, 0).astype(jnp.int32))
     return set_rows(epoch, slot, now + np.uint32(1), placed)
 
 
 def slot_owners(table: HashTable) -> SlotOwner:
     """The owner record of a new optimizer state: the table's keys and epochs now (each its
     own buffer, so that the state can be donated beside the table)."""
-    return SlotOwner(jnp.array(table.key_lo, copy=True), jnp.array(table.key_hi, copy=True),
-                     jnp.array(table.epoch, copy=True))
+    return SlotOwner(copied(table.key_lo), copied(table.key_hi), copied(table.epoch))
 
 
 def changed_hands(owner: SlotOwner, table: HashTable, read: jax.Array
@@ -72,16 +73,22 @@ def changed_hands(owner: SlotOwner, table: HashTable, read: jax.Array
     """For in-range slots ``read`` ``[K]``: whether each slot's key or epoch differs from
     the owner of its state rows (bool ``[K]``), and the slots' owners now (to record with
     :func:`record_owners`)."""
-    now = SlotOwner(take(table.key_lo, read), take(table.key_hi, read),
-                    take(table.epoch, read))
-    return ((take(owner.lo, read) != now.lo) | (take(owner.hi, read) != now.hi)
-            | (take(owner.epoch, read) != now.epoch)), now
+    return owners_changed(take_each([*owner, table.key_lo, table.key_hi, table.epoch], read))
+
+
+def owners_changed(rows: list[jax.Array]) -> tuple[jax.Array, SlotOwner]:
+    """:func:`changed_hands` from the rows of ``[*owner, key_lo, key_hi, epoch]`` at the
+    slots, read by the caller (with other rows of the same slots, in one pass)."""
+    was, now = SlotOwner(*rows[:3]), SlotOwner(*rows[3:6])
+    return (was.lo != now.lo) | (was.hi != now.hi) | (was.epoch != now.epoch), now
 
 
 def record_owners(owner: SlotOwner, at: jax.Array, now: SlotOwner, write: jax.Array
                   ) -> SlotOwner:
-    """``owner`` with ``now`` recorded at slots ``at`` where ``write`` (distinct slots)."""
-    return SlotOwner(*(set_rows(o, at, n, write) for o, n in zip(owner, now)))
+    """``owner`` with ``now`` recorded at slots ``at`` where ``write`` (distinct slots; one
+    pass for the three words)."""
+    where = jnp.where(write, at, owner.lo.shape[0])
+    return SlotOwner(*put_each(list(owner), where, list(now)))
 
 
 def move_state_rows(old: Any, fresh: Any, table: HashTable, slot: jax.Array) -> Any:

@@ -1,7 +1,8 @@
 """CANN interop: a table as Ascend's bucket bytes and handle words, its flag bits, its hash.
 
-A bucket is ``row_bytes(dim)`` bytes: the int64 key, the uint64 counter, the flag byte at
-offset 23 (:data:`VALID`, :data:`FILTER`, :data:`EXPORT`, :data:`EVICTED`), then the row.
+A bucket is ``row_bytes(dim)`` bytes: the int64 key, the uint64 counter, :data:`EVICTED` in
+byte 20 (where CANN's evict kernel writes it), the flag byte at offset 23 (:data:`VALID`,
+:data:`FILTER`, :data:`EXPORT`), then the row.
 A key's home slot is ``murmur3_x86_32(key, seed 0) % bucket_size``, as CANN computes it.
 
 >>> import numpy as np, jaxops.hashtable as ht

@@ -1,10 +1,17 @@
 """Byte-exact interop with the Ascend kernels' bucket array and table handle.
 
 A bucket (row) is ``24 + round_up_8(4 * dim)`` bytes: key int64 LE at 0, counter uint64 at
-8, int32 "published" state at 16 (1 for a written key, 0 for an empty slot), the flag byte
-at 23 (bytes 20-22 zero), float32 values from 24, zero padding. Empty slots hold key -1,
-counter, state and flags 0, and the row a new key will get (InitEmbeddingHashTable writes
-the initial values into every bucket).
+8, int32 "published" state at 16 (1 for a written key, 0 for an empty slot), EVICTED (0x8)
+in byte 20, VALID, FILTER and EXPORT in byte 23 (bytes 21-22 zero), float32 values from 24,
+zero padding. Empty slots hold key -1, counter, state and flags 0, and the row a new key will
+get (InitEmbeddingHashTable writes the initial values into every bucket).
+
+**Where EVICTED lives.** CANN's kernels disagree: EmbeddingHashTableEvict sets it as bit 3
+of the int32 at byte 20 (byte 20, bit 0x8) and LookupOrInsert reads and clears it there,
+while the arch35 Export kernel tests bit 0x8 of byte 23, which no CANN kernel sets. The
+bytes follow the kernel that writes the flag (and the one that revives it): a table that
+went through CANN's Evict reads right here, and an evicted bucket written here is what
+CANN's Evict leaves. Byte 23 with 0x8 set is refused, saying where the bit belongs.
 
 >>> import numpy as np, jaxops.hashtable as ht
 >>> t = ht.init_table(4, 3, initializer_mode="constant", constant_value=2.0)
@@ -37,9 +44,9 @@ from jaxops.hashtable._walks.probe_check import ProbeCheck
 __all__ = ["cann_rows", "from_cann_bytes", "handle_counters", "live_counts", "parse_cann_rows",
            "row_bytes", "to_cann_bytes"]
 
-_KNOWN_FLAGS = VALID | FILTER | EXPORT | EVICTED
+_FLAG_BYTE_BITS = VALID | FILTER | EXPORT  # byte 23
 _home = jax.jit(home_slot, static_argnums=2)
-_CANN_EVICTED_BYTE = 20  # CANN's lookup/evict kernels keep EVICTED (0x8) in this byte
+_CANN_EVICTED_BYTE = 20  # CANN's evict kernel writes EVICTED (0x8) here, LookupOrInsert reads it
 
 
 def row_bytes(embedding_dim: int) -> int:
@@ -71,7 +78,8 @@ def cann_rows(rows: HostRows) -> np.ndarray:
     out[:, 0:8] = _pair(rows.key_lo, rows.key_hi)
     out[:, 8:16] = _pair(rows.counter_lo, rows.counter_hi)
     out[:, 16:20] = ((rows.flags & VALID) != 0).astype("<i4").view(np.uint8).reshape(size, 4)
-    out[:, 23] = rows.flags
+    out[:, _CANN_EVICTED_BYTE] = rows.flags & EVICTED
+    out[:, 23] = rows.flags & _FLAG_BYTE_BITS
     out[:, 24:24 + 4 * dim] = np.asarray(rows.values, "<f4").view(np.uint8).reshape(size, 4 * dim)
     return out
 
@@ -88,15 +96,15 @@ def from_cann_bytes(buffer: np.ndarray, embedding_dim: int, *, key_dtype: Any = 
     The bytes hold each key's 64 bits; ``key_dtype`` (as in ``init_table``) says which
     dtype the new table's keys have (the table's own is not part of CANN's layout).
 
-    EVICTED is also read from byte 20, where CANN's lookup and evict kernels keep it. The
-    live / not-exported counts are recounted from the flags; ``dropped``, ``clock`` and every
-    ``last_access`` (not in CANN's bucket) start at 0.
+    EVICTED is read from byte 20, where CANN's evict kernel writes it (see the module
+    docstring). The live / not-exported counts are recounted from the flags; ``dropped``,
+    ``clock`` and every ``last_access`` (not in CANN's bucket) start at 0.
 
     Raises:
         OpArgumentError: wrong size or dtype, a state other than 0/1, a state that
-            disagrees with VALID, an empty slot that is not blank, or unknown flag bits;
-            or a structure the walks would not read right (a key unreachable from its
-            home slot or beyond the probe bound, a key held twice).
+            disagrees with VALID, an empty slot that is not blank, unknown flag bits or
+            EVICTED in byte 23; or a structure the walks would not read right (a key
+            unreachable from its home slot or beyond the probe bound, a key held twice).
     """
     op = "from_cann_bytes"
     key_dtype = check_key_dtype(op, key_dtype)
@@ -140,29 +148,33 @@ def parse_cann_rows(rows: np.ndarray, embedding_dim: int, op: str, first_slot: i
 
     Raises:
         OpArgumentError: (naming ``op``) a state other than 0/1, a state that disagrees
-            with VALID, an empty slot that is not blank, or unknown flag bits; the message
-            gives the bucket's index counted from ``first_slot``.
+            with VALID, an empty slot that is not blank, unknown flag bits or EVICTED in
+            byte 23; the message gives the bucket's index counted from ``first_slot``.
     """
     rows = np.ascontiguousarray(rows)
     size = rows.shape[0]
     keys = rows[:, 0:8].copy().view("<i8").reshape(size)
     counters = rows[:, 8:16].copy().view("<u8").reshape(size)
     state = rows[:, 16:20].copy().view("<i4").reshape(size)
-    flags = rows[:, 23] | (rows[:, _CANN_EVICTED_BYTE] & EVICTED)
+    flags = (rows[:, 23] & _FLAG_BYTE_BITS) | (rows[:, _CANN_EVICTED_BYTE] & EVICTED)
     stray = (rows[:, _CANN_EVICTED_BYTE] & ~np.uint8(EVICTED)) | rows[:, 21] | rows[:, 22]
     problems = [
+        ("EVICTED (0x8) in byte 20, where CANN's evict kernel writes it (not in the flag byte "
+         "23: move it with buf[:, 20] |= buf[:, 23] & 8; buf[:, 23] &= ~8)",
+         (rows[:, 23] & EVICTED) != 0),
         ("a state word of 0 or 1", ~np.isin(state, (0, 1))),
         ("state 1 exactly where the VALID flag is set", (state == 1) != ((flags & VALID) != 0)),
         ("empty slots with key -1, counter 0 and no flags",
          (state == 0) & ((keys != -1) | (counters != 0) | (flags != 0))),
-        ("only the flag bits 0x1, 0x2, 0x4, 0x8 and zero bytes 20-22",
-         ((flags & ~np.uint8(_KNOWN_FLAGS)) != 0) | (stray != 0)),
+        ("only the flag bits 0x1, 0x2, 0x4 in byte 23, 0x8 in byte 20 and zero bytes 21-22",
+         ((rows[:, 23] & ~np.uint8(_FLAG_BYTE_BITS | EVICTED)) != 0) | (stray != 0)),
     ]
     for expected, bad in problems:
         if bad.any():
             s = int(np.argmax(bad))
             raise OpArgumentError(op, "buffer", expected, f"bucket {first_slot + s}: key "
-                                  f"{keys[s]}, state {state[s]}, flags {int(flags[s]):#x}")
+                                  f"{keys[s]}, state {state[s]}, byte 20 {int(rows[s, 20]):#x}, "
+                                  f"byte 23 {int(rows[s, 23]):#x}")
     values = rows[:, 24:24 + 4 * embedding_dim].copy().view("<f4").reshape(size, embedding_dim)
     key_words = keys.view(np.uint32).reshape(size, 2)
     counter_words = counters.view(np.uint32).reshape(size, 2)

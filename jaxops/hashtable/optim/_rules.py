@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxops.hashtable._table.buffers import filled
 from jaxops.hashtable._table.table import HashTable
 from jaxops.hashtable._table.words64 import Counter64
 from jaxops.hashtable._walks.slot_owner import SlotOwner
@@ -106,7 +107,7 @@ def _zero_count() -> Counter64:
 def _full(table: HashTable, value: float, row_shape: tuple[int, ...] | None = None) -> jax.Array:
     # One fresh buffer per call: donating a state whose leaves share a buffer fails.
     shape = table.values.shape if row_shape is None else (table.bucket_size, *row_shape)
-    return jnp.full(shape, value, table.values.dtype)
+    return filled(shape, table.values.dtype, value)
 
 
 def _step(w: jax.Array, u: jax.Array, lr: Scalar) -> jax.Array:
@@ -189,7 +190,7 @@ def rowwise_adagrad(learning_rate: Scalar, initial_accumulator_value: float = 0.
 
 def _adam_init(table: HashTable) -> AdamState:
     return AdamState(_full(table, 0.0), _full(table, 0.0),
-                     jnp.zeros((table.bucket_size,), jnp.int32), slot_owners(table),
+                     filled((table.bucket_size,), jnp.int32, 0), slot_owners(table),
                      _zero_count())
 
 

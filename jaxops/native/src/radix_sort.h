@@ -38,6 +38,15 @@ inline U key_of(const KeyPair<U>& p) { return p.key; }
 constexpr int kChains = 4;
 constexpr int kLowBits = 10, kMaxBits = 12;
 
+// The digits and chains of a sort: the defaults above for large inputs; a few hundred
+// items are sorted with 8-bit digits and one chain (SmallRadix), where clearing and
+// summing 4 x 4096 offsets a pass would cost more than the items.
+template <int Chains = kChains, int LowBits = kLowBits, int MaxBits = kMaxBits>
+struct RadixShape {
+  static constexpr int chains = Chains, low_bits = LowBits, max_bits = MaxBits;
+};
+using SmallRadix = RadixShape<1, 8, 8>;
+
 // Runs body(0) only: the one-thread runner of the passes below (parallel.h has the
 // pool's: OnPool, whose parts() are its threads).
 struct OneThread {
@@ -47,27 +56,27 @@ struct OneThread {
 };
 
 // One stable pass: a -> t by the `bits`-wide digit at `shift`; false (and nothing written)
-// when one bucket holds every item. With P parts (threads), the items are P * kChains
-// stretches, part p counting and then scattering stretches [p kChains, (p + 1) kChains).
-template <typename T, typename Run>
+// when one bucket holds every item. With P parts (threads), the items are P * chains
+// stretches, part p counting and then scattering stretches [p chains, (p + 1) chains).
+template <typename Shape, typename T, typename Run>
 bool scatter_pass(const T* a, T* t, size_t n, int shift, int bits, const Run& run) {
   const uint32_t mask = (uint32_t{1} << bits) - 1, buckets = mask + 1;
-  const int64_t parts = run.parts(), chains = parts * kChains;
+  const int64_t parts = run.parts(), chains = parts * Shape::chains;
   std::vector<uint32_t> offsets(chains * buckets);  // [chain][bucket]: counts, then places
   const auto digit = [&](const T& item) { return static_cast<uint32_t>(key_of(item) >> shift) & mask; };
   const size_t q = n / chains, rest = q * chains;  // stretch c: [c q, (c + 1) q); the rest: the last chain
-  const auto chain = [&](int64_t p, int c) { return offsets.data() + (p * kChains + c) * buckets; };
+  const auto chain = [&](int64_t p, int c) { return offsets.data() + (p * Shape::chains + c) * buckets; };
   // Each part counts and scatters with its offsets in a local array: one the stores to t
   // cannot alias, so they stay in registers and the L1 cache.
   run([&](int64_t p) {
-    uint32_t offset[kChains][uint32_t{1} << kMaxBits];
-    for (int c = 0; c < kChains; ++c) std::memset(offset[c], 0, sizeof(uint32_t) * buckets);
-    const T* from = a + p * kChains * q;
+    uint32_t offset[Shape::chains][uint32_t{1} << Shape::max_bits];
+    for (int c = 0; c < Shape::chains; ++c) std::memset(offset[c], 0, sizeof(uint32_t) * buckets);
+    const T* from = a + p * Shape::chains * q;
     for (size_t i = 0; i < q; ++i)
-      for (int c = 0; c < kChains; ++c) ++offset[c][digit(from[c * q + i])];
+      for (int c = 0; c < Shape::chains; ++c) ++offset[c][digit(from[c * q + i])];
     if (p == parts - 1)
-      for (size_t i = rest; i < n; ++i) ++offset[kChains - 1][digit(a[i])];
-    for (int c = 0; c < kChains; ++c) std::memcpy(chain(p, c), offset[c], sizeof(uint32_t) * buckets);
+      for (size_t i = rest; i < n; ++i) ++offset[Shape::chains - 1][digit(a[i])];
+    for (int c = 0; c < Shape::chains; ++c) std::memcpy(chain(p, c), offset[c], sizeof(uint32_t) * buckets);
   });
   uint32_t sum = 0;
   for (uint32_t b = 0; b < buckets; ++b) {
@@ -77,28 +86,28 @@ bool scatter_pass(const T* a, T* t, size_t n, int shift, int bits, const Run& ru
     for (int64_t c = 0; c < chains; ++c) sum += std::exchange(offsets[c * buckets + b], sum);
   }
   run([&](int64_t p) {
-    uint32_t offset[kChains][uint32_t{1} << kMaxBits];
-    for (int c = 0; c < kChains; ++c) std::memcpy(offset[c], chain(p, c), sizeof(uint32_t) * buckets);
-    const T* from = a + p * kChains * q;
+    uint32_t offset[Shape::chains][uint32_t{1} << Shape::max_bits];
+    for (int c = 0; c < Shape::chains; ++c) std::memcpy(offset[c], chain(p, c), sizeof(uint32_t) * buckets);
+    const T* from = a + p * Shape::chains * q;
     for (size_t i = 0; i < q; ++i)
-      for (int c = 0; c < kChains; ++c) {
+      for (int c = 0; c < Shape::chains; ++c) {
         const T item = from[c * q + i];
         t[offset[c][digit(item)]++] = item;
       }
     if (p == parts - 1)
-      for (size_t i = rest; i < n; ++i) t[offset[kChains - 1][digit(a[i])]++] = a[i];
+      for (size_t i = rest; i < n; ++i) t[offset[Shape::chains - 1][digit(a[i])]++] = a[i];
   });
   return true;
 }
 
 // Sorts the n items of a by key (stable), t as scratch; returns the buffer holding them.
 // Digits from the bottom: kLowBits wide while more than kMaxBits remain, then the rest.
-template <typename T, typename Run = OneThread>
+template <typename Shape = RadixShape<>, typename T, typename Run = OneThread>
 T* radix_sort(T* a, T* t, size_t n, const Run& run = Run{}) {
   const int key_bits = 8 * sizeof(key_of(a[0]));
   for (int shift = 0; shift < key_bits;) {
-    const int bits = key_bits - shift <= kMaxBits ? key_bits - shift : kLowBits;
-    if (scatter_pass(a, t, n, shift, bits, run)) std::swap(a, t);
+    const int bits = key_bits - shift <= Shape::max_bits ? key_bits - shift : Shape::low_bits;
+    if (scatter_pass<Shape>(a, t, n, shift, bits, run)) std::swap(a, t);
     shift += bits;
   }
   return a;

@@ -32,7 +32,6 @@ from jaxops.core.registry import AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import (INDEX_FILL, IOU_THRESHOLD, NMS_INDEX_OUTPUT, PRE_NMS_TOP_K,
                                      SCORE_THRESHOLD, check_shape, index_dtype,
                                      with_upstream_loss)
-from jaxops.ops.compaction import compact_indices
 from jaxops.ops.nms.candidates import score_candidates
 from jaxops.ops.nms.iou import decode_boxes
 from jaxops.ops.nms.pipeline import (detect, priority_keys, tracks_true_shape, valid_candidates,
@@ -100,15 +99,16 @@ def _batched_kernel(boxes, scores, idxs, *, iou_threshold, max_output_size, scor
     scores = scores.astype(dtype)[None]
     decoded = decode_boxes(boxes, dtype=dtype)
     groups = _dense_groups(idxs)
-    det = detect(lambda f: decoded.map(lambda x: x[f]), priority_keys(scores, n, exact_ranking),
-                 score_candidates(scores, score_threshold), lambda f: groups[f],
-                 capacity=n if pre_nms_top_k is None else pre_nms_top_k,
-                 iou_threshold=torchvision_threshold(iou_threshold, dtype),
-                 total=None if limit == n else limit)
-    ranks, count = compact_indices(det.kept[0], size=limit, fill_value=0)
-    kept = jnp.where(jnp.arange(limit) < count, det.flat[0][ranks], -1)
-    true = jnp.minimum(count + det.cut[0], limit)[None]
-    return (DynArray(kept.astype(index_dtype()), count.reshape(1),
+    kept = detect(lambda f: decoded.map(lambda x: x[f]), scores,
+                  lambda s: priority_keys(s, n, exact_ranking),
+                  score_candidates(scores, score_threshold), lambda f: groups[f],
+                  capacity=n if pre_nms_top_k is None else pre_nms_top_k, slots=limit,
+                  iou_threshold=torchvision_threshold(iou_threshold, dtype),
+                  total=None if limit == n else limit)
+    count = kept.found[0]
+    out = jnp.where(jnp.arange(limit) < count, kept.element[0], -1)
+    true = jnp.minimum(count + kept.cut[0], limit)[None]
+    return (DynArray(out.astype(index_dtype()), count.reshape(1),
                      true_shape=true if track else None, fill_value=INDEX_FILL),)
 
 

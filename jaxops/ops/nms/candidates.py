@@ -23,13 +23,14 @@ LSD radix sort of the 32-bit keys in two 16-bit digits, each a sort of
 
 >>> import jax.numpy as jnp
 >>> keys = priority_keys(jnp.array([[0.5, 0.9, 0.5, 0.7]]))
->>> c = select(keys, jnp.array([[True, True, True, False]]), capacity=2)
+>>> c = select(lambda: keys, jnp.array([[True, True, True, False]]), capacity=2)
 >>> c.flat.tolist(), c.valid.tolist(), c.cut.tolist()   # 0.9 and the first 0.5 stay
 ([[0, 1]], [[True, True]], [1])
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -40,8 +41,8 @@ from jaxops.core.float_bits import greater, ordered_bits
 from jaxops.ops.compaction import compact_indices
 
 __all__ = [
-    "Candidates", "Orders", "apply_limits", "group_order", "orders", "priority_keys",
-    "score_candidates", "select",
+    "Candidates", "Orders", "apply_limits", "compacted", "group_order", "orders",
+    "priority_keys", "score_candidates", "select",
 ]
 
 _RADIX_MAX = 1 << 15  # positions that fit beside a 16-bit digit in an int32 sort key
@@ -95,30 +96,37 @@ def _kth_largest(keys: jax.Array, passing: jax.Array, k: jax.Array) -> jax.Array
     return lax.fori_loop(0, bits, step, jnp.zeros(keys.shape[:1], keys.dtype))
 
 
-def select(keys: jax.Array, passing: jax.Array, capacity: int) -> Candidates:
-    """The candidates of each problem (``keys``, ``passing``: ``[P, M]``), at most
-    ``capacity`` of them: the best by key, ties to the lower index, when more pass."""
+def select(keys: Callable[[], jax.Array], passing: jax.Array, capacity: int) -> Candidates:
+    """The candidates of each problem (``passing``: ``[P, M]``), at most ``capacity`` of
+    them: the best by key, ties to the lower index, when more pass. ``keys()``: the
+    ``[P, M]`` keys, computed only where more than ``capacity`` pass."""
     p, m = passing.shape
     count = jnp.sum(passing, axis=1, dtype=i32)
     if capacity >= m:
         flat = jnp.broadcast_to(jnp.arange(m, dtype=i32), (p, m))
         return Candidates(flat, passing, count, jnp.zeros((p,), i32))
 
-    def compact(_):
-        flat, _ = jax.vmap(lambda v: compact_indices(v, capacity, fill_value=0))(passing)
-        return flat, jnp.arange(capacity, dtype=i32)[None] < count[:, None]
-
     def best(_):
-        kth = _kth_largest(keys, passing, jnp.minimum(count, capacity))
-        above = passing & (keys > kth[:, None])
-        tied = passing & (keys == kth[:, None])  # the lowest elements of the tie, as needed
+        every = keys()
+        kth = _kth_largest(every, passing, jnp.minimum(count, capacity))
+        above = passing & (every > kth[:, None])
+        tied = passing & (every == kth[:, None])  # the lowest elements of the tie, as needed
         need = jnp.minimum(count, capacity) - jnp.sum(above, axis=1, dtype=i32)
-        chosen = above | (tied & (jnp.cumsum(tied, axis=1, dtype=i32) <= need[:, None]))
-        flat, _ = jax.vmap(lambda v: compact_indices(v, capacity, fill_value=0))(chosen)
-        return flat, jnp.arange(capacity, dtype=i32)[None] < jnp.minimum(count, capacity)[:, None]
+        return above | (tied & (jnp.cumsum(tied, axis=1, dtype=i32) <= need[:, None]))
 
-    flat, valid = lax.cond(jnp.any(count > capacity), best, compact, None)
-    return Candidates(flat, valid, count, jnp.maximum(count - capacity, 0))
+    # one compaction after the cond, not one in each branch: half the compile time
+    chosen = lax.cond(jnp.any(count > capacity), best, lambda _: passing, None)
+    return compacted(chosen, capacity)._replace(count=count,
+                                                cut=jnp.maximum(count - capacity, 0))
+
+
+def compacted(passing: jax.Array, size: int) -> Candidates:
+    """The passing elements of each problem (at most ``size``) in their first ``size``
+    slots, ascending; their count is the compaction's (a popcount of packed words: cheaper
+    than XLA's sum of the mask, which it writes out as int32 first)."""
+    flat, count = jax.vmap(lambda v: compact_indices(v, size, fill_value=0))(passing)
+    valid = jnp.arange(size, dtype=i32)[None] < count[:, None]
+    return Candidates(flat, valid, count, jnp.zeros_like(count))
 
 
 def _radix_order(digits: list[jax.Array]) -> jax.Array:

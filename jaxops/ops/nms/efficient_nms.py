@@ -45,7 +45,6 @@ from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.numerics import compute_dtype
 from jaxops.core.registry import REQUIRED, AttrDef, Input, OpDef, Output, register_op
 from jaxops.ops._conventions import SCORE_THRESHOLD, check_shape, iou_threshold_attr
-from jaxops.ops.compaction import compact_indices
 from jaxops.ops.nms.candidates import score_candidates
 from jaxops.ops.nms.iou import decode_boxes
 from jaxops.ops.nms.pipeline import detect, priority_keys
@@ -137,13 +136,12 @@ def _kernel(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold, 
             return jnp.take_along_axis(boxes, (f // c)[..., None], axis=1)
         return jnp.take_along_axis(boxes.reshape(b, n * c, 4), f[..., None], axis=1)
 
-    det = detect(lambda f: decode_boxes(raw(f), center=center, reorder="tensorrt", dtype=dtype),
-                 priority_keys(flat), passing,
-                 (lambda f: f * 0) if class_agnostic else (lambda f: f % c),
-                 capacity=pre_nms_top_k, iou_threshold=iou_threshold, inclusive=True,
-                 group_bound=1 if class_agnostic else c, total=k)
-    pos, count = jax.vmap(lambda kept: compact_indices(kept, k, fill_value=0))(det.kept)
-    element = jnp.take_along_axis(det.flat, pos, axis=1)                  # [B, K] by score
+    kept = detect(lambda f: decode_boxes(raw(f), center=center, reorder="tensorrt", dtype=dtype),
+                  flat, priority_keys, passing,
+                  (lambda f: f * 0) if class_agnostic else (lambda f: f % c),
+                  capacity=pre_nms_top_k, slots=k, iou_threshold=iou_threshold, inclusive=True,
+                  group_bound=1 if class_agnostic else c, total=k)
+    element, count = kept.element, kept.found                            # [B, K] by score
     slot = jnp.arange(k) < count[:, None]
     corners = decode_boxes(raw(element), center=center, reorder=False, dtype=dtype).corners()
     return (  # the ports in order (every backend's kernel returns a tuple)
@@ -151,7 +149,7 @@ def _kernel(boxes, scores, *, max_output_boxes, iou_threshold, score_threshold, 
         jnp.where(slot[..., None], corners, 0).astype(boxes.dtype),
         jnp.where(slot, jnp.take_along_axis(flat, element, axis=1), 0).astype(scores.dtype),
         jnp.where(slot, element % c, 0).astype(jnp.int32),
-        det.cut[:, None])
+        kept.cut[:, None])
 
 
 def efficient_nms(boxes: jax.Array, scores: jax.Array, *, max_output_boxes: int,

@@ -1,0 +1,2 @@
+"""Tests of jaxops/backends: backend selection, the host kernels, the Ascend shim on the
+CANN double."""

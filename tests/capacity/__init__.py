@@ -1,0 +1,1 @@
+"""Tests of jaxops/capacity: statistics and overflow policies."""

@@ -1,5 +1,0 @@
-"""Rows of the shared operator test matrix (see ``tests/test_op_matrix.py``).
-
-Each module here defines ``CASES``: a list of :class:`tests.op_matrix.OpCase`. Adding an
-operator to the generic eager / jit / vmap / grad / launch tests is adding one row.
-"""

@@ -1,0 +1,1 @@
+"""Tests of jaxops/embedding and the optional layers (jaxops.nnx, jaxops.equinox)."""

@@ -1,0 +1,1 @@
+"""Tests of jaxops/ops: the operator matrix and each operator against its references."""

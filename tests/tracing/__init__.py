@@ -1,0 +1,1 @@
+"""Tests of tracing/: the CANN launch protocol, OP_OUTSHAPE refresh, host refresh inside jit."""
