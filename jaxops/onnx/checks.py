@@ -123,6 +123,16 @@ def _check_value(where: str, value: Any) -> None:
     check_elem_type(where, value.name, value.type.tensor_type.elem_type)
 
 
+def _check_values(node: Any, where: str, declared: dict, inits: dict) -> None:
+    """The node's inputs and outputs whose type the graph declares (graph inputs, outputs,
+    value infos, initializers): refused naming the node and the value."""
+    for name in list(node.input) + list(node.output):
+        if name in declared:
+            _check_value(where, declared[name])
+        if name in inits:
+            check_elem_type(where, name, inits[name].data_type)
+
+
 def _check_attributes(node: Any, where: str) -> None:
     from onnx import helper
 
@@ -143,10 +153,8 @@ def check_nodes(graph: Any, opset: int, outer: set[str], constants: dict) -> Non
     inputs defined before use, supported types and attributes (the handler's ``check``)."""
     known = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     constants = {**constants, **{t.name: t for t in graph.initializer}}
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-        _check_value(f"jaxops.onnx.load: graph {graph.name!r}", value)
-    for t in graph.initializer:
-        check_elem_type(f"jaxops.onnx.load: initializer {t.name!r}", "data_type", t.data_type)
+    values = list(graph.input) + list(graph.output) + list(graph.value_info)
+    declared = {v.name: v for v in values}
     for node in graph.node:
         where = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
         if node.domain not in _DOMAINS:
@@ -163,6 +171,7 @@ def check_nodes(graph: Any, opset: int, outer: set[str], constants: dict) -> Non
                 raise OpArgumentError(where, "inputs", "inputs defined before the node",
                                       f"undefined {name!r}")
         _check_attributes(node, where)
+        _check_values(node, where, declared, constants)
         if h.check is not None:
             h.check(LoadNode(node, opset, constants))
         for a in node.attribute:
@@ -173,6 +182,10 @@ def check_nodes(graph: Any, opset: int, outer: set[str], constants: dict) -> Non
             if value is not None:
                 constants[node.output[0]] = value
         known.update(o for o in node.output if o)
+    for value in values:  # those no node uses
+        _check_value(f"jaxops.onnx.load: graph {graph.name!r}", value)
+    for t in graph.initializer:
+        check_elem_type(f"jaxops.onnx.load: initializer {t.name!r}", "data_type", t.data_type)
     for o in graph.output:
         if o.name not in known:
             raise _fail("model", "graph outputs that some node or input defines",
