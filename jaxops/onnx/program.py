@@ -29,6 +29,7 @@ from jaxops.onnx.registry import HANDLERS
 
 __all__ = ["OPSETS", "Program", "load", "supported_ops"]
 
+
 def supported_ops() -> list[str]:
     """The ONNX op types :func:`load` runs (default domain).
 

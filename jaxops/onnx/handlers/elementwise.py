@@ -147,10 +147,11 @@ def _check_dropout(node) -> None:
         raise node.error("training_mode", "a constant (inference, or ratio 0)",
                          "a value computed at run time")
     ratio = node.constant(1) if node.given(1) else np.float32(0.5)
-    if bool(np.asarray(training).reshape(-1)[0]) and (
-            ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0):
+    ratio = None if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+    if bool(np.asarray(training).reshape(-1)[0]) and ratio != 0.0:
         raise node.error("training_mode", "false, or true with ratio 0 (random masks are not "
-                         "supported)", f"true with ratio {'computed at run time' if ratio is None else float(np.asarray(ratio).reshape(-1)[0])}")
+                         "supported)", "true with ratio "
+                         + ("computed at run time" if ratio is None else str(ratio)))
 
 
 @handler("Identity", bounds="copy")
