@@ -152,19 +152,72 @@ def run(case, runs=None):
 
     for program, traced, expected in runs if runs is not None else load(case):
         program.check_inputs(*traced)  # jit would narrow a 64-bit input before we see it
-        got = jaxops.refresh(jax.jit(program)(*traced))
-        for k, (a, b) in enumerate(zip(got, expected)):
-            a, b = np.asarray(a), np.asarray(b)
-            assert a.shape == b.shape, f"output {k}: shape {a.shape}, expected {b.shape}"
-            if b.dtype == _BF16:  # 8 bits of mantissa (eps 2**-7): the expected values
-                # come from numpy rounding every step to bfloat16 (a matmul accumulates in
-                # it), XLA keeps a fusion's intermediates in float32; 2 eps apart at most
-                np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),
-                                           rtol=2.0 ** -6, atol=max(case.atol, 1e-6),
-                                           equal_nan=True, err_msg=f"output {k}")
-            elif b.dtype.kind in "fc":
-                np.testing.assert_allclose(a.astype(b.dtype), b, rtol=max(case.rtol, 1e-5),
-                                           atol=max(case.atol, 1e-6), equal_nan=True,
-                                           err_msg=f"output {k}")
-            else:
-                np.testing.assert_array_equal(a.astype(b.dtype), b, err_msg=f"output {k}")
+        check(case, jaxops.refresh(jax.jit(program)(*traced)), expected)
+
+
+def run_many(names) -> dict:
+    """Runs the cases ``names`` as :func:`run` does, but every program in one jitted
+    function (one trace, one compile, one run: a compile per case costs more than the case);
+    ``{name: None (passed) or the exception it raised}``. A case that fails to load, to
+    check its inputs or to trace fails alone; should the shared compile itself fail, each
+    case runs on its own."""
+    import jaxops
+
+    found, runs = {}, {}
+    for name in names:
+        try:
+            runs[name] = load(cases()[name])
+            for program, traced, _ in runs[name]:
+                program.check_inputs(*traced)
+        except Exception as e:  # noqa: BLE001 (reported to the case's test)
+            found[name] = e
+            runs.pop(name, None)
+
+    def every(feeds):
+        outs = {}
+        for name, data in feeds.items():
+            try:
+                outs[name] = [program(*traced) for (program, _, _), traced in
+                              zip(runs[name], data)]
+            except Exception as e:  # noqa: BLE001
+                found[name] = e
+        return outs
+    feeds = {name: [traced for _, traced, _ in r] for name, r in runs.items()}
+    try:
+        got = jaxops.refresh(jax.jit(every)(feeds))
+    except Exception:  # noqa: BLE001 (a compile error: isolate it)
+        for name in runs:
+            found[name] = _outcome(run, cases()[name], runs[name])
+        return found
+    for name, outs in got.items():
+        found[name] = _outcome(lambda case, r: [check(case, g, e) for g, (_, _, e)
+                                                in zip(outs, r)], cases()[name], runs[name])
+    return found
+
+
+def _outcome(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def check(case, got, expected) -> None:
+    """Raises AssertionError where ``got`` differs from ``expected`` beyond the case's
+    tolerance."""
+    for k, (a, b) in enumerate(zip(got, expected)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, f"output {k}: shape {a.shape}, expected {b.shape}"
+        if b.dtype == _BF16:  # 8 bits of mantissa (eps 2**-7): the expected values come
+            # from numpy rounding every step to bfloat16 (a matmul accumulates in it), XLA
+            # keeps a fusion's intermediates in float32; 2 eps apart at most
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),
+                                       rtol=2.0 ** -6, atol=max(case.atol, 1e-6),
+                                       equal_nan=True, err_msg=f"output {k}")
+        elif b.dtype.kind in "fc":
+            np.testing.assert_allclose(a.astype(b.dtype), b, rtol=max(case.rtol, 1e-5),
+                                       atol=max(case.atol, 1e-6), equal_nan=True,
+                                       err_msg=f"output {k}")
+        else:
+            np.testing.assert_array_equal(a.astype(b.dtype), b, err_msg=f"output {k}")
