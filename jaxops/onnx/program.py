@@ -10,6 +10,7 @@ declared ranks, static dims and dtypes, and the graph runs on
 
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from jaxops.dynamic.tensor import Tensor
 from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
 from jaxops.onnx.checks import OPSETS, check_model, plan_initializer
 from jaxops.onnx.interpret import run_graph
+from jaxops.onnx.plan import CapacityPlan, SizeReport, apply_policy, check_plan_policy
 from jaxops.onnx.registry import HANDLERS
 
 __all__ = ["OPSETS", "Program", "load", "supported_ops"]
@@ -70,10 +72,14 @@ class Program:
     the graph outputs (or the values named at load) as arrays or DynArrays. Jit it."""
 
     def __init__(self, proto: Any, folder: pathlib.Path | None, opset: int,
-                 capacities: Mapping[str, int] | None, outputs: Sequence[str] | None,
-                 fill_value: Any):
+                 capacities: Mapping[str, int] | CapacityPlan | None,
+                 outputs: Sequence[str] | None, fill_value: Any, overflow: str = "expand"):
         self.proto, self.folder, self.opset = proto, folder, opset
-        self.capacities = dict(capacities or {})
+        self.plan = capacities if isinstance(capacities, CapacityPlan) else None
+        self.capacities = dict(self.plan.capacities if self.plan else capacities or {})
+        self.overflow = check_plan_policy(overflow)
+        self.compiles = 0  # programs traced for eager calls under a plan
+        self._runs: dict = {}
         init = {t.name for t in proto.graph.initializer}
         self.input_names = [v.name for v in proto.graph.input if v.name not in init]
         self.output_names = list(outputs) if outputs else [o.name for o in proto.graph.output]
@@ -99,13 +105,42 @@ class Program:
         return arr
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[jax.Array | DynArray]:
-        env = self._run(args, kwargs)
+        if self.plan is not None and not _traced((args, kwargs)):
+            self.check_inputs(*args, **kwargs)
+            return apply_policy(lambda caps: self._under(caps)(*args, **kwargs),
+                                self.capacities, self.overflow)
+        return self._outputs(self._run(args, kwargs))
+
+    def sized(self, *args: Any, **kwargs: Any) -> tuple[list, SizeReport]:
+        """The outputs, and what each data-dependent tensor needed against its capacity
+        (:class:`~jaxops.onnx.plan.SizeReport`: which tensor overflowed and how much it
+        lost, inside jit too; memory planned against used). Jittable; no policy applies."""
+        sizes: dict = {}
+        outs = self._outputs(self._run(args, kwargs, sizes))
+        return outs, SizeReport({n: s.size for n, s in sizes.items()},
+                                {n: (s.op, s.capacity, s.bound, s.row_bytes)
+                                 for n, s in sizes.items()})
+
+    def _outputs(self, env: dict) -> list:
         outs = []
         for name in self.output_names:
             if name not in env:
                 raise _fail("outputs", "names of values in the graph", repr(name))
             outs.append(env[name].to_public(self.fill_value))
         return outs
+
+    def _under(self, capacities: dict):
+        """A jitted :meth:`sized` of this model at ``capacities`` (one per set, kept)."""
+        key = tuple(sorted(capacities.items()))
+        if key not in self._runs:
+            variant = copy.copy(self)
+            variant.plan, variant.capacities = None, dict(capacities)
+
+            def run(*args, **kwargs):
+                self.compiles += 1
+                return variant.sized(*args, **kwargs)
+            self._runs[key] = jax.jit(run)
+        return self._runs[key]
 
     def check_inputs(self, *args: Any, **kwargs: Any) -> None:
         """Refuses, on the host, a 64-bit input that JAX with x64 off would change
@@ -124,7 +159,7 @@ class Program:
         return {o: env[o].to_public(self.fill_value) for n in self.proto.graph.node
                 for o in n.output if o in env and not env[o].concrete}
 
-    def _run(self, args: tuple, kwargs: dict) -> dict:
+    def _run(self, args: tuple, kwargs: dict, sizes: dict | None = None) -> dict:
         values = dict(zip(self.input_names, args))
         if len(args) > len(self.input_names):
             raise _fail("inputs", f"at most {len(self.input_names)} inputs "
@@ -140,7 +175,7 @@ class Program:
         declared = {v.name: v for v in self.proto.graph.input}
         for name, v in values.items():
             env[name] = self._input(name, declared[name], v)
-        return run_graph_env(self, env)
+        return run_graph_env(self, env, sizes)
 
     def _input(self, name: str, value: Any, x: Any) -> Tensor:
         from onnx import helper
@@ -161,13 +196,18 @@ class Program:
         return t
 
 
-def run_graph_env(program: Program, env: dict) -> dict:
-    run_graph(program.proto.graph, env, program.opset, program)
+def _traced(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def run_graph_env(program: Program, env: dict, sizes: dict | None = None) -> dict:
+    run_graph(program.proto.graph, env, program.opset, program, sizes)
     return env
 
 
-def load(model: Any, *, capacities: Mapping[str, int] | None = None,
-         outputs: Sequence[str] | None = None, fill_value: Any = 0) -> Program:
+def load(model: Any, *, capacities: Mapping[str, int] | CapacityPlan | None = None,
+         outputs: Sequence[str] | None = None, fill_value: Any = 0,
+         overflow: str = "expand") -> Program:
     """An ONNX model as a jittable JAX function in which every tensor has a dual shape.
 
     Args:
@@ -176,10 +216,18 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
       capacities: optional capacities of data-dependent outputs, by output name (or node
         name): ``NonZero``'s, ``Compress``'s, ``Unique``'s or ``NonMaxSuppression``'s
         ``size=``. A capacity below the bound may overflow: the outputs downstream then
-        say so in their ``true_shape`` (``overflowed()``), never silently.
+        say so in their ``true_shape`` (``overflowed()``), never silently. Or a
+        :class:`~jaxops.onnx.CapacityPlan` (:func:`~jaxops.onnx.calibrate`): then
+        :meth:`Program.sized` tells, inside jit too, which tensor overflowed and by how
+        much, and an eager call applies ``overflow``.
       outputs: the names of the values to return (default: the graph outputs); any value
         of the graph may be named, e.g. to compare intermediate results.
       fill_value: what the padding of returned DynArrays holds.
+      overflow: under a plan, what an eager call (outside jit) does when a tensor needs
+        more than its planned capacity: ``"expand"`` (default: rerun with it at its bound,
+        one more compile; nothing is lost), ``"truncate"`` (warn, keep the cut result) or
+        ``"error"`` (raise ``CapacityOverflowError`` naming the tensor). Inside jit the
+        overflow travels in the outputs and in :meth:`Program.sized`'s report.
 
     Returns:
       A :class:`Program`: ``program(*inputs)`` or ``program(name=array)`` returns a list
@@ -210,4 +258,4 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
     """
     proto, folder = _read(model)
     opset = check_model(proto, folder)
-    return Program(proto, folder, opset, capacities, outputs, fill_value)
+    return Program(proto, folder, opset, capacities, outputs, fill_value, overflow)
