@@ -32,7 +32,8 @@ PUBLIC = {
         "IDENTITIES", "RULES", "Tensor", "argmax", "concat", "elementwise", "gather", "matmul",
         "plan_shape", "reduce", "rules", "softmax", "top_k",
     ],
-    "jaxops.onnx": ["OPSETS", "Program", "load", "supported_ops"],
+    "jaxops.onnx": ["CapacityPlan", "OPSETS", "Program", "SizeReport", "calibrate", "load",
+                    "supported_ops"],
     "jaxops.hashtable.checkpoint": ["CHUNK_BYTES", "Checkpointer", "Restore", "Save",
                                     "TrainStateHandler", "load", "save"],
     "jaxops.hashtable.cann": [
