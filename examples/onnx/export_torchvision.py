@@ -11,7 +11,10 @@ environment, outside the repository, and run this script with that environment's
 
 Full size (``--out``, for ``benchmarks/onnx_models.py``): SSDlite320-MobileNetV3,
 RetinaNet-ResNet50-FPN, FCOS-ResNet50-FPN and Faster R-CNN MobileNetV3-320-FPN as
-torchvision builds them (``weights=None, weights_backbone=None``).
+torchvision builds them (``weights=None, weights_backbone=None``), their classification
+heads then set so that they detect (:data:`_LOGITS`): with torchvision's random
+initialisation RetinaNet and FCOS detect nothing and the others only ties, and comparing
+empty or tied detections with ONNX Runtime's would check nothing.
 
 Small (``--small``, the test data): the same detection heads and post-processing (anchors,
 box coding, score filters, top-k, batched NMS, RoIAlign, the transform's resize), on tiny
@@ -128,7 +131,7 @@ def _tiny_mobilenet(**kw):
                                                  reduced_tail=True, **kw)
 
 
-def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]:
+def build(name: str, small: bool) -> tuple[nn.Module, int]:
     """The model (eval mode, seeded random weights) and its square image size."""
     torch.manual_seed(0)
     if not small:
@@ -137,10 +140,7 @@ def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]
                    "fcos": detection.fcos_resnet50_fpn,
                    "fasterrcnn": detection.fasterrcnn_mobilenet_v3_large_320_fpn}[name]
         model = builder(weights=None, weights_backbone=None).eval()
-        if spread:
-            _spread_scores(model)
-        else:
-            _detecting(model, name)
+        _detecting(model, name)
         return model, FULL_IMAGE[name]
     size, classes = SMALL_IMAGE[name], 5
     common = dict(min_size=size, max_size=size)
@@ -258,8 +258,8 @@ class _Tensors(nn.Module):
         return out["boxes"], out["scores"], out["labels"]
 
 
-def export(name: str, small: bool, out: pathlib.Path, spread: bool = False) -> pathlib.Path:
-    model, size = build(name, small, spread)
+def export(name: str, small: bool, out: pathlib.Path) -> pathlib.Path:
+    model, size = build(name, small)
     path = out / f"{name}{'_small' if small else ''}.onnx"
     image = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -274,15 +274,10 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--small", action="store_true", help="the tiny test versions")
     parser.add_argument("--only", nargs="*", default=list(FULL_IMAGE))
-    parser.add_argument("--spread", action="store_true",
-                        help="full size: spread the random-weight scores as the small models "
-                             "do (torchvision's initialisation gives RetinaNet and FCOS no "
-                             "detection at all); at full depth the scores then saturate, and "
-                             "their ties make ONNX Runtime's order arbitrary")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        path = export(name, args.small, args.out, args.spread)
+        path = export(name, args.small, args.out)
         print(f"{path}: {path.stat().st_size / 1024:.0f} KiB")
 
 
