@@ -157,3 +157,24 @@ def test_an_exceeded_plan_outside_jit_expands_warns_or_raises(calibrated):
         _check(raising(within), within)
     with pytest.raises(OpArgumentError, match="overflow"):
         jaxops.onnx.load(_model(), capacities=plan, overflow="host")
+
+
+def test_an_overflow_crosses_an_if_on_a_traced_condition():
+    """A cut tensor through both branches of an If whose condition is traced: the loss
+    carries on (found in a full-size SSDlite under a plan)."""
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["idx"], [name])], name, [],
+        [helper.make_tensor_value_info(name, T.INT64, [1, "n"])])
+    nodes = [helper.make_node("Greater", ["x", "half"], ["pos"]),
+             helper.make_node("NonZero", ["pos"], ["idx"]),
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "half"], ["c"]),
+             helper.make_node("If", ["c"], ["r"], then_branch=branch("a"),
+                              else_branch=branch("b"))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [N])],
+                          [helper.make_tensor_value_info("r", T.INT64, [1, "n"])],
+                          [helper.make_tensor("half", T.FLOAT, [], [0.5])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    program = jaxops.onnx.load(model, capacities={"idx": 4})
+    (r,) = jax.jit(program)(_sample(np.random.default_rng(6), 10))
+    assert r.max_shape == (1, 4) and bool(r.overflowed()) and int(r.lost()) >= 6  # a bound

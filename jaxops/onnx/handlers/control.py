@@ -40,7 +40,8 @@ def _select(ctx, c, a: Tensor, b: Tensor) -> Tensor:
             dims.append(jnp.where(c, jnp.asarray(da, jnp.int32), jnp.asarray(db, jnp.int32)))
     lost = None
     if a.lost is not None or b.lost is not None:
-        lost = jnp.where(c, jnp.asarray(a.lost or 0, jnp.int32), jnp.asarray(b.lost or 0, jnp.int32))
+        lost = jnp.where(c, *(jnp.asarray(0 if t.lost is None else t.lost, jnp.int32)
+                              for t in (a, b)))
     out = Tensor(data, dims, lost=lost)
     la, ha = a.bounds()
     lb, hb = b.bounds()
