@@ -5,9 +5,12 @@
                                 modes, backends
     jaxops golden OP [...]      a reference case for validating an Ascend kernel
                                 (jaxops golden OP --help lists OP's attributes)
+    jaxops golden --onnx MODEL --inputs NPZ --out DIR
+                                every data-dependent node of one run of an ONNX model
     jaxops golden check FILE    check a case against its independent numpy reference
     jaxops golden compare GOLDEN ACTUAL
-                                compare an NPU's outputs with a case (exit 1 on a failure)
+                                compare an NPU's outputs with a case, or a model's dump
+                                with its golden folder (exit 1 on a failure)
 
 The benchmarks are not part of the package: in a source checkout, ``python -m benchmarks``
 (``make bench``) runs them.
@@ -153,9 +156,17 @@ def _golden_tool(command: str, argv: list[str]) -> int:
 
     tool = argparse.ArgumentParser(prog=f"jaxops golden {command}")
     if command == "check":
-        tool.add_argument("files", nargs="+", help="golden .npz files")
+        tool.add_argument("files", nargs="+", help="golden .npz files, or a model's golden "
+                          "folders (checked against onnx.reference)")
+        tool.add_argument("--onnx", metavar="MODEL", help="a model folder's model (default: "
+                          "the path its index records)")
         args = tool.parse_args(argv)
+        from jaxops.golden import models
         for path in args.files:
+            if models.is_model_folder(path):
+                if _check_model(path, args.onnx):
+                    return 1
+                continue
             try:
                 golden.check_case(path)
             except AssertionError as e:
@@ -169,10 +180,57 @@ def _golden_tool(command: str, argv: list[str]) -> int:
     tool.add_argument("--json", action="store_true", help="the report as JSON")
     tool.add_argument("--listed", type=int, default=10, help="differing elements listed per output")
     args = tool.parse_args(argv)
+    from jaxops.golden import models
+    if models.is_model_folder(args.golden):
+        report = models.compare_model(args.golden, args.actual, listed=args.listed)
+        print(json.dumps(report.as_dict(), indent=1, default=str) if args.json else report.text())
+        return 0 if report.passed else 1
     report = golden.compare_case(args.golden, args.actual, listed=args.listed)
     from jaxops.golden.compare import report_json
     print(report_json(report) if args.json else report.text())
     return 0 if report.passed else 1
+
+
+def _check_model(path: str, model: str | None) -> bool:
+    """Prints each node's check of a model's golden folder; whether one failed."""
+    _need_onnx("--onnx")
+    from jaxops.onnx.golden_check import check_model
+
+    results = check_model(path, model)
+    for r in results:
+        print(f"{path}: {r.line()}")
+    return any(r.status == "FAIL" for r in results)
+
+
+def _need_onnx(flag: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:
+        raise OpArgumentError("golden", flag, "the onnx package installed "
+                              "(pip install 'jaxops[onnx]')", "no module named 'onnx'")
+
+
+def _golden_model(args: argparse.Namespace, extra: list[str]) -> int:
+    """``jaxops golden --onnx MODEL --inputs NPZ --out DIR [--bin] [--force]``."""
+    given = [f"--{k}" for k in ("seed", "shape", "dtype", "input", "density", "special",
+                                "contract", "impl_mode", "bucket_size", "embedding_dim")
+             if getattr(args, k) not in (None, 0)]
+    if args.op or extra or given or args.list:
+        raise UsageError("golden --onnx: takes --inputs, --out, --bin and --force only, got "
+                         + " ".join([args.op or "", *extra, *given, "--list" * args.list]).strip())
+    if not args.onnx:
+        raise OpArgumentError("golden", "--onnx", "the model (--inputs goes with --onnx)",
+                              "no --onnx")
+    if args.inputs is None or args.out is None:
+        raise OpArgumentError("golden --onnx", "--inputs" if args.inputs is None else "--out",
+                              "a value (--inputs NPZ: the graph inputs by name; --out DIR)",
+                              "nothing")
+    _need_onnx("--onnx")
+    from jaxops.onnx.golden import write_model_golden
+
+    index = write_model_golden(args.onnx, args.inputs, args.out, bin=args.bin, force=args.force)
+    print(f"wrote {index}")
+    return 0
 
 
 def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
@@ -188,6 +246,8 @@ def _cmd_golden(args: argparse.Namespace, extra: list[str], parser: argparse.Arg
         for name, doc in golden.list_cases():
             print(f"{name:36s} {doc}")
         return 0
+    if args.onnx is not None or args.inputs is not None:
+        return _golden_model(args, extra)
     if not args.op:
         raise UsageError("golden: name an operator (jaxops golden --list shows them)")
     special = tuple(k for k in (args.special or "").split(",") if k)
@@ -263,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "bucket_size attr; default 64)")
     p.add_argument("--embedding_dim", help="hash-table cases: floats per row (CANN's "
                    "embedding_dim attr; default 4)")
+    p.add_argument("--onnx", metavar="MODEL", help="an ONNX model: write golden cases for every "
+                   "data-dependent node of one run into --out DIR, with DIR/index.json")
+    p.add_argument("--inputs", metavar="NPZ", help="with --onnx: the graph inputs by name")
     p.set_defaults(subparser=p)  # golden prints its own help (with OP: the op's attributes)
     return parser
 

@@ -20,6 +20,8 @@ The package sits below ``tracing``: it runs each operator's OpDef directly.
 - :mod:`jaxops.golden.check` — checking a case against its contract's reference;
 - :mod:`jaxops.golden.compare` — comparing an NPU's outputs with a case (CANN's precision
   standard);
+- :mod:`jaxops.golden.models` — a whole model's golden folder (its index, written by
+  :mod:`jaxops.onnx.golden`) compared with an NPU's dump, node by node;
 - ``ops_specs``, ``hashtable_specs`` — the specs themselves (imported on first use; the
   hash-table cases' inputs and contracts in ``table_inputs``, ``table_contracts``).
 

@@ -39,7 +39,7 @@ from jaxops.golden.generators import Generation
 from jaxops.golden.inputs import read_inputs
 from jaxops.golden.specs import draw_inputs, get_spec
 
-__all__ = ["FORMAT_VERSION", "GoldenRun", "build_case", "default_path", "load_case",
+__all__ = ["FORMAT_VERSION", "GoldenRun", "build_case", "default_path", "describe", "load_case",
            "max_shape_buffer", "run_opdef", "write_case"]
 
 #: 2: outputs stored at their actual shape, values in their input's dtype, contracts.
@@ -227,7 +227,7 @@ def build_case(op: str, seed: int = 0, attrs: dict | None = None, shape=None, dt
         source["input_shape"] = list(chosen[0])
     if dtype is not None and chosen is not None:
         source["input_dtype"] = str(chosen[1])
-    description = _describe(op, None if input_path is not None else int(seed), source, kernel,
+    description = describe(op, None if input_path is not None else int(seed), source, kernel,
                             full_attrs, mode, arrays, outputs, words, extra)
     return arrays, description
 
@@ -253,12 +253,15 @@ def _table_case(spec, opdef, seed, attrs, shape, dtype, input_path, generation, 
         source["input_shape"] = list(shape)
     if dtype is not None:
         source["input_dtype"] = str(dtype)
-    description = _describe(spec.op, None if input_path is not None else seed, source, kernel,
+    description = describe(spec.op, None if input_path is not None else seed, source, kernel,
                             attrs, mode, arrays, outputs, None, {})
     return arrays, description
 
 
-def _describe(op, seed, source, kernel, attrs, mode, arrays, outputs, words, extra) -> dict:
+def describe(op, seed, source, kernel, attrs, mode, arrays, outputs, words, extra) -> dict:
+    """A case's JSON description: ``source`` (how the inputs came) spread into it,
+    ``kernel`` a :class:`~jaxops.golden.contracts.Contract` (or ``None``), ``outputs``
+    :class:`~jaxops.golden.contracts.GoldenOutput`, ``words`` the OP_OUTSHAPE words."""
     outs = []
     for o in outputs:
         d = files.describe_tensor(o.name, o.data)

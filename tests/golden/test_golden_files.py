@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -241,23 +242,35 @@ def test_check_refuses_a_mode_its_reference_does_not_model(tmp_path):
         golden.check_case(path)
 
 
-_X64_SCRIPT = """
+_X64_CASES = [("NonZero", {}), ("Unique", {"dtype": "int32"}), ("UniqueConsecutive", {}),
+              ("MaskedSelect", {"dtype": "float64"}), ("NonMaxSuppression", {}),
+              ("NonMaxSuppression", {"contract": "onnx"}), ("BatchedNMS", {}),
+              ("EfficientNMS", {})]
+
+
+def _write_x64_cases(folder: str) -> None:
+    for op, kw in _X64_CASES:
+        golden.write_case(op, 2, f"{folder}/{op}{len(kw)}{kw.get('contract', '')}.npz", **kw)
+
+
+_X64_SCRIPT = f"""
 import sys, jax
 jax.config.update("jax_enable_x64", sys.argv[2] == "on")
 from jaxops import golden
-for op, kw in [("NonZero", {}), ("Unique", {"dtype": "int32"}), ("UniqueConsecutive", {}),
-               ("MaskedSelect", {"dtype": "float64"}), ("NonMaxSuppression", {}),
-               ("NonMaxSuppression", {"contract": "onnx"}), ("BatchedNMS", {}), ("EfficientNMS", {})]:
-    golden.write_case(op, 2, f"{sys.argv[1]}/{op}{len(kw)}{kw.get('contract', '')}.npz", **kw)
+for op, kw in {_X64_CASES!r}:
+    golden.write_case(op, 2, f"{{sys.argv[1]}}/{{op}}{{len(kw)}}{{kw.get('contract', '')}}.npz", **kw)
 """
 
 
 def test_files_are_the_same_with_x64_off_and_on(tmp_path):
+    """x64 off here (the suite's setting, already compiled), on in a fresh process."""
     for mode in ("off", "on"):
         (tmp_path / mode).mkdir()
-        done = subprocess.run([sys.executable, "-c", _X64_SCRIPT, str(tmp_path / mode), mode],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+    assert not jax.config.jax_enable_x64
+    _write_x64_cases(str(tmp_path / "off"))
+    done = subprocess.run([sys.executable, "-c", _X64_SCRIPT, str(tmp_path / "on"), "on"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
     names = sorted(os.listdir(tmp_path / "off"))
     assert names == sorted(os.listdir(tmp_path / "on")) and len(names) == 16
     for name in names:

@@ -225,10 +225,7 @@ def lookup_or_insert():  # new keys, held ones, evicted ones and ones not yet ad
     return _inserts(NEW, **COUNTER)
 
 
-@row(layout_free=True, known_defect={EIGHT: (
-    "on a mesh the special key is routed by itself, then replaced by default_key on its own "
-    "shard (insert_on_shard routes before insert_lanes applies effective_keys): default_key "
-    "lands in a shard that does not own it, and find(default_key) misses it")})
+@row(layout_free=True)  # was a defect on a mesh: default_key landed in filter_key's shard
 def lookup_or_insert_replacing_a_key():  # the special key goes to its replacement's shard
     return _inserts(NEW, filter_key_flag=True, filter_key=int(B2[0]), default_key_or_value=True,
                     default_key=2**40 + 7, step=9)

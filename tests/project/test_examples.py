@@ -71,15 +71,15 @@ def test_training_recipe(policy):
 
 
 def test_training_recipe_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
-    """Issues 27/28 together: 16 steps saved every 8 (the table grows before), then a run
-    resumes from the checkpoint and ends where an uninterrupted 24-step run does."""
+    """Issues 27/28 together: 8 steps saved every 4 (the table grows before), then a run
+    resumes from the checkpoint and ends where an uninterrupted 12-step run does."""
     recipe = load("training_recipe")
-    kwargs = dict(batch=128, slots=1024, policy="grow")
-    whole, _ = recipe.train(steps=24, **kwargs)
-    _, first = recipe.train(steps=16, checkpoint_dir=str(tmp_path), save_every=8, **kwargs)
-    assert first["grown"] >= 1 and first["slots"] > 1024  # the checkpoint holds a grown table
-    resumed, out = recipe.train(steps=24, checkpoint_dir=str(tmp_path), **kwargs)
-    assert out["resumed_at"] == 16
+    kwargs = dict(batch=128, slots=512, policy="grow")
+    whole, _ = recipe.train(steps=12, **kwargs)
+    _, first = recipe.train(steps=8, checkpoint_dir=str(tmp_path), save_every=4, **kwargs)
+    assert first["grown"] >= 1 and first["slots"] > 512  # the checkpoint holds a grown table
+    resumed, out = recipe.train(steps=12, checkpoint_dir=str(tmp_path), **kwargs)
+    assert out["resumed_at"] == 8
     chex.assert_trees_all_equal(resumed, whole)
 
 

@@ -34,6 +34,11 @@ PUBLIC = {
     ],
     "jaxops.onnx": ["CapacityPlan", "OPSETS", "Program", "SizeReport", "calibrate", "load",
                     "supported_ops"],
+    "jaxops.onnx.nodes": ["NodeValues", "data_dependent", "node_values"],
+    "jaxops.onnx.golden": ["read_inputs", "write_model_golden"],
+    "jaxops.onnx.golden_check": ["NodeCheck", "check_model"],
+    "jaxops.golden.models": ["INDEX", "KIND", "ModelReport", "compare_model", "is_model_folder",
+                             "load_index"],
     "jaxops.hashtable.checkpoint": ["CHUNK_BYTES", "Checkpointer", "Restore", "Save",
                                     "TrainStateHandler", "load", "save"],
     "jaxops.hashtable.cann": [

@@ -72,6 +72,10 @@ def insert_on_shard(router, statics, table, words, active, step):
     """``lookup_or_insert`` on one shard: each distinct key of the device's lanes to its
     shard, inserted there in batch order, its row and slot back to every copy."""
     attrs = dict(statics)
+    # filter_key replaced by default_key before routing: the key a lane inserts decides its
+    # shard (on the shard the replacement finds nothing left to replace).
+    words, _ = effective_keys(words, attrs["filter_key_flag"], attrs["filter_key"],
+                              attrs["default_key_or_value"], attrs["default_key"])
     ex = router.keys(words, active, dedup=True)  # each device sends each distinct key once
     received, _ = ex.received
     table = table.replace(clock=table.clock + np.uint32(1) if step is None

@@ -109,7 +109,7 @@ def apply_load_policy(op: str, table: Any, inserting: Inserting, donate: bool = 
         return table
     live = placement.per_shard(storage.live)
     if int(live.max()) + int(words.lo.shape[0]) <= storage.max_live or np.all(
-            live + _keys_per_shard(placement, words) <= storage.max_live):
+            live + _keys_per_shard(placement, _inserted_keys(words, skip)) <= storage.max_live):
         return table  # no shard could pass its limit, even if every key were new
 
     def count(table):
@@ -144,15 +144,20 @@ def count_new_keys(table: HashTable, words: Words64, active: jax.Array
 
 
 def _count_on_shard(router, skip, table, words, active, replicated):
+    if skip is not None:  # before routing: a replaced key goes to its replacement's shard
+        words, skipped = effective_keys(words, *skip)
+        active = active & ~skipped
     ex = router.keys(words, active)
     received, _ = ex.received
-    use = ex.active
-    if skip is not None:
-        received, skipped = effective_keys(received, *skip)
-        use = use & ~skipped
-    new, present = count_new_keys(table, received, use)
+    new, present = count_new_keys(table, received, ex.active)
     return (None, router.back(ex, router.global_slots(present), -1), router.every(new),
             ex.sent)
+
+
+def _inserted_keys(words: Words64, skip: Any) -> Words64:
+    """The keys an insert routes: ``filter_key`` replaced where the call asks (an upper
+    bound where it skips it instead)."""
+    return words if skip is None else effective_keys(words, *skip)[0]
 
 
 def _keys_per_shard(placement: Placement, words: Words64) -> np.ndarray:
