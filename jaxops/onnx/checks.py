@@ -4,23 +4,23 @@ naming the node (or file, or value), the argument, what is supported and what wa
 - a graph that is malformed (``onnx.checker``; an input used before it is defined), uses an
   op without a handler, another domain, or an opset outside :data:`OPSETS`;
 - a value that is not a tensor (sequences, optionals, maps) or whose element type JAX does
-  not compute in (strings, 8-, 6-, 4- and 2-bit floats and integers), wherever it is
+  not compute in here (strings, float8 e8m0, 6-bit floats), wherever it is
   declared: graph inputs, outputs and value infos, initializers, constants, ``Cast``'s
   ``to``;
 - an attribute or constant input an op's handler declares it cannot run (the handler's
-  ``check``, e.g. Resize's antialias, Dropout's random masks);
+  ``check``, e.g. Dropout's random masks);
 - external data outside the model's folder, and an initializer too big for memory (checked
   before its bytes are read).
 
 >>> from onnx import helper, TensorProto as T
->>> g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT8E5M2)], "g",
+>>> g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT8E8M0)], "g",
 ...     [helper.make_tensor_value_info("x", T.FLOAT, [2])],
-...     [helper.make_tensor_value_info("y", T.FLOAT8E5M2, [2])])
+...     [helper.make_tensor_value_info("y", T.FLOAT8E8M0, [2])])
 >>> check_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]), None)
 ... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-jaxops.core.errors.OpDTypeError: ONNX node 'Cast->y' (Cast): argument 'to': expected an element type jaxops.onnx computes in (bool, uint8, ...), got FLOAT8E5M2.
+jaxops.core.errors.OpDTypeError: ONNX node 'Cast->y' (Cast): argument 'to': expected an element type jaxops.onnx computes in (float32, uint8, ...), got FLOAT8E8M0.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import pathlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from jaxops.core.errors import OpArgumentError, OpDTypeError
@@ -45,9 +46,10 @@ _DOMAINS = ("", "ai.onnx")
 #: ONNX element types JAX computes in (by TensorProto code); every other one is refused.
 _TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
           9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
-          14: "complex64", 15: "complex128", 16: "bfloat16"}
-_SUPPORTED = ("bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64, float16, "
-              "bfloat16, float32, float64, complex64, complex128")
+          14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8_e4m3fn",
+          18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4",
+          22: "int4", 23: "float4_e2m1fn", 25: "uint2", 26: "int2"}
+_SUPPORTED = ", ".join(_TYPES.values())
 #: Attributes that name an element type, by op.
 _TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomUniform": "dtype",
                "RandomNormal": "dtype", "RandomUniformLike": "dtype",
@@ -121,7 +123,7 @@ def _check_value(where: str, value: Any) -> None:
     if kind != "tensor_type":
         raise OpDTypeError(where, value.name, "a tensor (jaxops.onnx runs no sequence, "
                            "optional, map or sparse values)",
-                           f"a {kind.replace('_type', '')} value")
+                           f"a value of kind {kind.replace('_type', '')!r}")
     check_elem_type(where, value.name, value.type.tensor_type.elem_type)
 
 
@@ -243,8 +245,7 @@ def external_inside(proto: Any, folder: pathlib.Path | None) -> None:
 def plan_initializer(t: Any) -> None:
     """Refuses an initializer whose declared shape cannot fit in memory, before reading it."""
     check_elem_type(f"jaxops.onnx.load: initializer {t.name!r}", "data_type", t.data_type)
-    dtype = np.dtype(_TYPES[t.data_type]) if _TYPES.get(t.data_type) != "bfloat16" else \
-        np.dtype(np.uint16)
+    dtype = np.dtype(getattr(ml_dtypes, _TYPES[t.data_type], None) or _TYPES[t.data_type])
     refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
                        math.prod(t.dims) * dtype.itemsize,
                        f"the declared {list(t.dims)} {_TYPES[t.data_type]} tensor")

@@ -209,7 +209,10 @@ def check(case, got, expected) -> None:
     for k, (a, b) in enumerate(zip(got, expected)):
         a, b = np.asarray(a), np.asarray(b)
         assert a.shape == b.shape, f"output {k}: shape {a.shape}, expected {b.shape}"
-        if b.dtype == _BF16:  # 8 bits of mantissa (eps 2**-7): the expected values come
+        if b.dtype.kind == "V" and b.dtype != _BF16:  # float8, float4, int4, int2: exact
+            np.testing.assert_array_equal(a.astype(np.float32), b.astype(np.float32),
+                                          err_msg=f"output {k}")
+        elif b.dtype == _BF16:  # 8 bits of mantissa (eps 2**-7): the expected values come
             # from numpy rounding every step to bfloat16 (a matmul accumulates in it), XLA
             # keeps a fusion's intermediates in float32; 2 eps apart at most
             np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),

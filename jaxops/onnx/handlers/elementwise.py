@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jaxops.dynamic import rules
@@ -118,19 +119,39 @@ def _clip(ctx, x, lo=None, hi=None):
     return _ew(ctx, clip, x, lo, hi)
 
 
+_FLOAT8 = {np.dtype(getattr(ml_dtypes, n)) for n in
+           ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")}
+
+
+_NARROW_INTS = {np.dtype(getattr(ml_dtypes, n)) for n in ("int4", "uint4", "int2", "uint2")}
+
+
+def _converter(ctx, source, to):
+    """ONNX's conversion of ``source`` values to ``to`` (onnx.reference's ``cast_to``, on
+    ml_dtypes): a float to an integer toward zero (C), to a 4- or 2-bit integer 0 where it
+    is out of range, to float8 saturated at its largest finite value unless
+    ``saturate=0``."""
+    to = np.dtype(to)
+    if to in _FLOAT8 and ctx.attr("saturate", 1):
+        big = float(ml_dtypes.finfo(to).max)
+        return lambda v: jnp.clip(v, -big, big).astype(to) if jnp.issubdtype(
+            v.dtype, jnp.floating) else v.astype(to)
+    if source.kind in "fV" and to in _NARROW_INTS:  # toward zero; out of range: 0
+        lo, hi = (int(b) for b in (ml_dtypes.iinfo(to).min, ml_dtypes.iinfo(to).max))
+        return lambda v: jnp.where((v > lo - 1) & (v < hi + 1), jnp.trunc(v), 0).astype(to)
+    if source.kind == "f" and to.kind in "iu":  # C conversion: toward zero
+        return lambda v: jnp.trunc(v).astype(to)
+    return lambda v: v.astype(to)
+
+
 @handler("Cast", bounds="monotone")
 def _cast(ctx, x):
-    to = jax_dtype(ctx.attr("to"))
-    if x.dtype.kind == "f" and to.kind in "iu":  # C conversion: toward zero
-        return _ew(ctx, lambda v: jnp.trunc(v).astype(to), x)
-    return _ew(ctx, lambda v: v.astype(to), x)
+    return _ew(ctx, _converter(ctx, x.dtype, jax_dtype(ctx.attr("to"))), x)
 
 
 @handler("CastLike", bounds="monotone")
 def _cast_like(ctx, x, like):
-    to = like.dtype
-    return _ew(ctx, lambda v: (jnp.trunc(v) if x.dtype.kind == "f" and to.kind in "iu"
-                               else v).astype(to), x)
+    return _ew(ctx, _converter(ctx, x.dtype, like.dtype), x)
 
 
 def _check_dropout(node) -> None:
