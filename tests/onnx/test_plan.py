@@ -14,7 +14,8 @@ onnx = pytest.importorskip("onnx")
 
 import jaxops  # noqa: E402
 import jaxops.onnx  # noqa: E402
-from jaxops.errors import CapacityOverflowError, CapacityOverflowWarning, OpArgumentError  # noqa: E402
+from jaxops.errors import (CapacityOverflowError, CapacityOverflowWarning,  # noqa: E402
+                           OpArgumentError)
 from onnx import TensorProto as T, helper  # noqa: E402
 
 N = 64
