@@ -11,7 +11,10 @@ environment, outside the repository, and run this script with that environment's
 
 Full size (``--out``, for ``benchmarks/onnx_models.py``): SSDlite320-MobileNetV3,
 RetinaNet-ResNet50-FPN, FCOS-ResNet50-FPN and Faster R-CNN MobileNetV3-320-FPN as
-torchvision builds them (``weights=None, weights_backbone=None``).
+torchvision builds them (``weights=None, weights_backbone=None``), their classification
+heads then set so that they detect (:data:`_LOGITS`): with torchvision's random
+initialisation RetinaNet and FCOS detect nothing and the others only ties, and comparing
+empty or tied detections with ONNX Runtime's would check nothing.
 
 Small (``--small``, the test data): the same detection heads and post-processing (anchors,
 box coding, score filters, top-k, batched NMS, RoIAlign, the transform's resize), on tiny
@@ -128,7 +131,7 @@ def _tiny_mobilenet(**kw):
                                                  reduced_tail=True, **kw)
 
 
-def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]:
+def build(name: str, small: bool) -> tuple[nn.Module, int]:
     """The model (eval mode, seeded random weights) and its square image size."""
     torch.manual_seed(0)
     if not small:
@@ -137,8 +140,7 @@ def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]
                    "fcos": detection.fcos_resnet50_fpn,
                    "fasterrcnn": detection.fasterrcnn_mobilenet_v3_large_320_fpn}[name]
         model = builder(weights=None, weights_backbone=None).eval()
-        if spread:
-            _spread_scores(model)
+        _detecting(model, name)
         return model, FULL_IMAGE[name]
     size, classes = SMALL_IMAGE[name], 5
     common = dict(min_size=size, max_size=size)
@@ -190,6 +192,45 @@ def build(name: str, small: bool, spread: bool = False) -> tuple[nn.Module, int]
     return model.eval(), size
 
 
+#: Full size: how the random-weight classification heads are set so that the models detect
+#: as a trained one does on a busy photo, with scores spread (no ties), so that "the same
+#: detections as ONNX Runtime" means something. torchvision's initialisation detects
+#: nothing useful: RetinaNet's and FCOS's heads start at weights N(0, 0.01) and a 0.01
+#: prior (bias -log 99), so every logit lies within -4.6 +- 0.3 and no score reaches their
+#: thresholds (0.05; FCOS sqrt(p * centerness) > 0.2); Faster R-CNN's box predictor gives
+#: every class 1/91 < 0.05; SSDlite's N(0, 0.03) weights shrink the signal to 1e-15 before
+#: its head, so all 300 of its detections score exactly 1/91 (ties, in any order). Per
+#: model: (a factor on the last classification layer's weights, its bias; for SSDlite the
+#: background class's bias, for SSDlite and Faster R-CNN after a variance-preserving
+#: initialisation of the whole model, which puts Faster R-CNN's class logits at a std of
+#: about 300: the factor brings it to 2). On uniform-noise images (ONNX Runtime, seeds 0-2)
+#: RetinaNet keeps 300 detections of 6-7 labels, FCOS 100 of 2, SSDlite 300 of 43-47 and
+#: Faster R-CNN 43-46 of 7-12, the nearest two scores at least 4e-5 apart.
+_LOGITS = {"retinanet": (3.0, -5.7), "fcos": (3.0, -5.0), "ssdlite": (0.5, 13.0),
+           "fasterrcnn": (0.006, 0.0)}
+
+
+def _detecting(model: nn.Module, name: str) -> None:
+    """Sets the full-size classification head (:data:`_LOGITS`)."""
+    factor, bias = _LOGITS[name]
+    if name == "fasterrcnn":  # as the small model: spread, boxes near their anchors
+        _spread_scores(model)
+        for layer in (model.rpn.head.bbox_pred, model.roi_heads.box_predictor.bbox_pred):
+            layer.weight.data *= 0.05
+        model.roi_heads.box_predictor.cls_score.weight.data *= factor
+        nn.init.constant_(model.roi_heads.box_predictor.cls_score.bias, bias)
+        return
+    if name == "ssdlite":
+        _spread_scores(model)
+        for block in model.head.classification_head.module_list:
+            block[1].weight.data *= factor
+            block[1].bias.data.view(-1, 91)[:, 0] = bias  # channels: anchor * 91 + class
+        return
+    layer = model.head.classification_head.cls_logits
+    layer.weight.data *= factor
+    nn.init.constant_(layer.bias, bias)
+
+
 def _spread_scores(model: nn.Module) -> None:
     """Variance-preserving random weights (torchvision's heads start at std 0.01 and a
     prior bias, so every random-weight score would be about the same and the tiny models
@@ -217,8 +258,8 @@ class _Tensors(nn.Module):
         return out["boxes"], out["scores"], out["labels"]
 
 
-def export(name: str, small: bool, out: pathlib.Path, spread: bool = False) -> pathlib.Path:
-    model, size = build(name, small, spread)
+def export(name: str, small: bool, out: pathlib.Path) -> pathlib.Path:
+    model, size = build(name, small)
     path = out / f"{name}{'_small' if small else ''}.onnx"
     image = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -233,15 +274,10 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--small", action="store_true", help="the tiny test versions")
     parser.add_argument("--only", nargs="*", default=list(FULL_IMAGE))
-    parser.add_argument("--spread", action="store_true",
-                        help="full size: spread the random-weight scores as the small models "
-                             "do (torchvision's initialisation gives RetinaNet and FCOS no "
-                             "detection at all); at full depth the scores then saturate, and "
-                             "their ties make ONNX Runtime's order arbitrary")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        path = export(name, args.small, args.out, args.spread)
+        path = export(name, args.small, args.out)
         print(f"{path}: {path.stat().st_size / 1024:.0f} KiB")
 
 

@@ -14,6 +14,9 @@ Needs the ``onnx`` package (``pip install jaxops[onnx]``); ``import jaxops`` doe
 import it. See ``docs/onnx.md``.
 """
 
+from jaxops.onnx.calibrate import calibrate
+from jaxops.onnx.plan import CapacityPlan, SizeReport
 from jaxops.onnx.program import OPSETS, Program, load, supported_ops
 
-__all__ = ["OPSETS", "Program", "load", "supported_ops"]
+__all__ = ["OPSETS", "CapacityPlan", "Program", "SizeReport", "calibrate", "load",
+           "supported_ops"]

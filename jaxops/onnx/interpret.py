@@ -9,14 +9,18 @@ Three things happen around each handler call, none of them op-specific:
   handler declared (:mod:`jaxops.onnx.registry`), evaluated with the handler itself on the
   bounds (or on element ids, for ops that move elements), never with a second copy of its
   semantics; an output whose bounds meet (``lo == hi``) becomes a known value;
-- **errors** name the node, its op type, the argument, what was expected and what was given.
+- **errors** name the node, its op type, the argument, what was expected and what was given;
+- **sizes**: a data-dependent op reports the size its output needed (:meth:`Context.sized`)
+  into the run's ``sizes``, by its first output's name: what a capacity plan is made
+  from, and how an overflow is told inside jit.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +30,7 @@ from jaxops.core.errors import JaxopsError, OpArgumentError
 from jaxops.dynamic.tensor import Tensor, is_traced
 from jaxops.onnx.registry import HANDLERS, Handler, attrs_of
 
-__all__ = ["Context", "run_graph"]
+__all__ = ["Context", "Sized", "run_graph"]
 
 _SMALL = 4096  # bounds are followed element by element up to this many elements
 _NEVER_FOLD = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
@@ -34,11 +38,24 @@ _NEVER_FOLD = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNorm
 _HUGE = float(2 ** 30)  # bounds beyond this are not followed through arithmetic
 
 
+class Sized(NamedTuple):
+    """What a data-dependent op's output needed in one run: ``size`` (traced int32) along
+    its capacity ``axis``, against the ``capacity`` it ran at and its ``bound`` (the
+    capacity without a plan); ``row_bytes``: the bytes of its outputs per unit of size."""
+
+    op: str
+    axis: int
+    size: Any
+    capacity: int
+    bound: int
+    row_bytes: int
+
+
 class Context:
     """What a handler knows of its node."""
 
-    def __init__(self, node: Any, opset: int, program: Any):
-        self.node, self.opset, self.program = node, opset, program
+    def __init__(self, node: Any, opset: int, program: Any, sizes: dict | None = None):
+        self.node, self.opset, self.program, self.sizes = node, opset, program, sizes
         self.op_type = node.op_type
         self.name = node.name or f"{node.op_type}->{node.output[0] if node.output else ''}"
         self.attrs = attrs_of(node)
@@ -61,13 +78,33 @@ class Context:
         out = self.node.output[k] if k < len(self.node.output) else None
         return caps.get(out, caps.get(self.node.name)) if caps else None
 
-    def subgraph(self, name: str, inputs: Sequence[Tensor], env: dict) -> list[Tensor]:
-        """Runs the graph attribute ``name`` with ``inputs`` over the enclosing scope."""
+    def subgraph(self, name: str, inputs: Sequence[Tensor], env: dict,
+                 record: bool = True) -> list[Tensor]:
+        """Runs the graph attribute ``name`` with ``inputs`` over the enclosing scope
+        (``record``: its sizes count; not inside a traced loop body, whose values stay in
+        the loop)."""
         graph = self.attrs[name]
         scope = dict(env)
         for value, tensor in zip(graph.input, inputs):
             scope[value.name] = tensor
-        return run_graph(graph, scope, self.opset, self.program)
+        return run_graph(graph, scope, self.opset, self.program,
+                         self.sizes if record else None)
+
+    def sized(self, out: Any, axis: int, bound: int, *outputs: Any) -> None:
+        """Records the size a data-dependent output (a DynArray) needed along ``axis``: its
+        true size when a capacity cut it; ``bound``: its capacity without a plan;
+        ``outputs``: the node's other outputs of that size (their bytes count)."""
+        if self.sizes is None:
+            return
+        true = (out.true_shape if out.true_shape is not None else out.actual_shape)[axis]
+        row = sum(math.prod(o.data.shape) // max(o.data.shape[axis], 1) * o.data.dtype.itemsize
+                  for o in (out, *outputs))
+        name = self.node.output[0]
+        before = self.sizes.get(name)
+        if before is not None:  # a node run again (an unrolled loop): the largest counts
+            true = jnp.maximum(before.size, true)
+        self.sizes[name] = Sized(self.op_type, axis, jnp.asarray(true, jnp.int32),
+                                 int(out.data.shape[axis]), int(bound), int(row))
 
     def known_int(self, t: Tensor | None, arg: str, default: Any = None) -> Any:
         """A value that must be known at trace time (an axis list, a repeat count)."""
@@ -77,21 +114,27 @@ class Context:
             raise self.error(arg, "a value known at trace time", "a traced value")
         return np.asarray(t.data).astype(np.int64).tolist()
 
+    def known_ints(self, t: Tensor | None, arg: str, default: Any = None) -> Any:
+        """A list of ints known at trace time (a scalar is a list of one: ``axes=0``)."""
+        v = self.known_int(t, arg, default)
+        return [v] if isinstance(v, int) else v
 
-def run_graph(graph: Any, env: dict, opset: int, program: Any) -> list[Tensor]:
+
+def run_graph(graph: Any, env: dict, opset: int, program: Any,
+              sizes: dict | None = None) -> list[Tensor]:
     """Runs ``graph``'s nodes in order over ``env`` (name -> Tensor, updated) and returns its
-    outputs."""
+    outputs; data-dependent ops record their sizes into ``sizes`` (:class:`Sized`)."""
     for init in graph.initializer:
         if init.name not in env:
             env[init.name] = Tensor(program.initializer(init))
     for node in graph.node:
-        run_node(node, env, opset, program)
+        run_node(node, env, opset, program, sizes)
     return [env[o.name] for o in graph.output]
 
 
-def run_node(node: Any, env: dict, opset: int, program: Any) -> None:
+def run_node(node: Any, env: dict, opset: int, program: Any, sizes: dict | None = None) -> None:
     h = HANDLERS[node.op_type]
-    ctx = Context(node, opset, program)
+    ctx = Context(node, opset, program, sizes)
     ctx.env = env
     inputs = []
     for name in node.input:

@@ -10,7 +10,7 @@ declared ranks, static dims and dtypes, and the graph runs on
 
 from __future__ import annotations
 
-import math
+import copy
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -21,18 +21,15 @@ import numpy as np
 
 from jaxops.core.dynarray import DynArray
 from jaxops.core.errors import OpArgumentError, OpDTypeError
-from jaxops.core.memory import refuse_unless_fits
 from jaxops.core.narrowing import check_fits
 from jaxops.dynamic.tensor import Tensor
 from jaxops.onnx import handlers  # noqa: F401  (registers every handler)
+from jaxops.onnx.checks import OPSETS, check_model, plan_initializer
 from jaxops.onnx.interpret import run_graph
+from jaxops.onnx.plan import CapacityPlan, SizeReport, apply_policy, check_plan_policy
 from jaxops.onnx.registry import HANDLERS
 
 __all__ = ["OPSETS", "Program", "load", "supported_ops"]
-
-#: Default-domain opsets whose semantics the handlers implement.
-OPSETS = range(1, 29)
-_DOMAINS = ("", "ai.onnx")
 
 
 def supported_ops() -> list[str]:
@@ -63,85 +60,6 @@ def _read(model: Any) -> tuple[Any, pathlib.Path | None]:
     return proto, path.parent
 
 
-def _external_inside(proto: Any, folder: pathlib.Path | None) -> None:
-    """External data must name a file inside the model's folder (no absolute path, no
-    ``..`` out of it, no link leading out): checked before any byte is read."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    for tensor in _get_all_tensors(proto):
-        if not uses_external_data(tensor):
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        where = info.get("location", "")
-        if folder is None:
-            raise _fail("model", "external data loaded with the model (pass its path)",
-                        f"tensor {tensor.name!r} stored in {where!r}")
-        base = folder.resolve()
-        target = (base / where).resolve()
-        if os.path.isabs(where) or base not in target.parents:
-            raise _fail("model", f"external data inside the model's folder {str(base)!r}",
-                        f"tensor {tensor.name!r} pointing at {where!r}",
-                        "Move the data file beside the model.")
-
-
-def _check_graph(proto: Any) -> int:
-    import onnx
-
-    opset = None
-    for imp in proto.opset_import:
-        if imp.domain in _DOMAINS:
-            opset = imp.version
-        elif any(n.domain == imp.domain for n in proto.graph.node):
-            raise _fail("model", "ops of the default ONNX domain only",
-                        f"domain {imp.domain!r}")
-    if opset is None or opset not in OPSETS:
-        raise _fail("model", f"default-domain opset in [{OPSETS.start}, {OPSETS.stop - 1}]",
-                    opset)
-    _check_nodes(proto.graph, opset, set())  # first: an op we lack is named as such
-    try:
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise _fail("model", "a well-formed ONNX graph", f"{type(e).__name__}: {e}") from e
-    return opset
-
-
-def _check_nodes(graph: Any, opset: int, outer: set[str]) -> None:
-    known = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        where = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
-        if node.domain not in _DOMAINS:
-            raise OpArgumentError(where, None, "an op of the default domain",
-                                  f"domain {node.domain!r}")
-        h = HANDLERS.get(node.op_type)
-        if h is None:
-            raise OpArgumentError(where, None, "an op jaxops.onnx supports (one of "
-                                  + ", ".join(sorted(HANDLERS)) + ")", repr(node.op_type))
-        if opset < h.since:
-            raise OpArgumentError(where, None, f"opset >= {h.since} for {node.op_type}", opset)
-        for name in node.input:
-            if name and name not in known:
-                raise OpArgumentError(where, "inputs", "inputs defined before the node",
-                                      f"undefined {name!r}")
-        for a in node.attribute:
-            for g in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
-                _check_nodes(g, opset, known)
-        known.update(o for o in node.output if o)
-    for o in graph.output:
-        if o.name not in known:
-            raise _fail("model", "graph outputs that some node or input defines",
-                        f"undefined {o.name!r}")
-
-
-def _plan(t: Any) -> None:
-    """Refuses an initializer whose declared shape cannot fit in memory, before reading it."""
-    from onnx import helper
-
-    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-    refuse_unless_fits(f"jaxops.onnx: initializer {t.name!r}", "dims",
-                       math.prod(t.dims) * np.dtype(dtype).itemsize,
-                       f"the declared {list(t.dims)} {np.dtype(dtype).name} tensor")
-
-
 def _declared(value: Any) -> tuple[int | None, list[int | None], int]:
     t = value.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] \
@@ -154,10 +72,14 @@ class Program:
     the graph outputs (or the values named at load) as arrays or DynArrays. Jit it."""
 
     def __init__(self, proto: Any, folder: pathlib.Path | None, opset: int,
-                 capacities: Mapping[str, int] | None, outputs: Sequence[str] | None,
-                 fill_value: Any):
+                 capacities: Mapping[str, int] | CapacityPlan | None,
+                 outputs: Sequence[str] | None, fill_value: Any, overflow: str = "expand"):
         self.proto, self.folder, self.opset = proto, folder, opset
-        self.capacities = dict(capacities or {})
+        self.plan = capacities if isinstance(capacities, CapacityPlan) else None
+        self.capacities = dict(self.plan.capacities if self.plan else capacities or {})
+        self.overflow = check_plan_policy(overflow)
+        self.compiles = 0  # programs traced for eager calls under a plan
+        self._runs: dict = {}
         init = {t.name for t in proto.graph.initializer}
         self.input_names = [v.name for v in proto.graph.input if v.name not in init]
         self.output_names = list(outputs) if outputs else [o.name for o in proto.graph.output]
@@ -174,7 +96,7 @@ class Program:
         if key and key in self._inits:
             return self._inits[key]
         if uses_external_data(t):
-            _plan(t)
+            plan_initializer(t)
             arr = numpy_helper.to_array(t, base_dir=str(self.folder))
         else:
             arr = numpy_helper.to_array(t)
@@ -183,13 +105,42 @@ class Program:
         return arr
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[jax.Array | DynArray]:
-        env = self._run(args, kwargs)
+        if self.plan is not None and not _traced((args, kwargs)):
+            self.check_inputs(*args, **kwargs)
+            return apply_policy(lambda caps: self._under(caps)(*args, **kwargs),
+                                self.capacities, self.overflow)
+        return self._outputs(self._run(args, kwargs))
+
+    def sized(self, *args: Any, **kwargs: Any) -> tuple[list, SizeReport]:
+        """The outputs, and what each data-dependent tensor needed against its capacity
+        (:class:`~jaxops.onnx.plan.SizeReport`: which tensor overflowed and how much it
+        lost, inside jit too; memory planned against used). Jittable; no policy applies."""
+        sizes: dict = {}
+        outs = self._outputs(self._run(args, kwargs, sizes))
+        return outs, SizeReport({n: s.size for n, s in sizes.items()},
+                                {n: (s.op, s.capacity, s.bound, s.row_bytes)
+                                 for n, s in sizes.items()})
+
+    def _outputs(self, env: dict) -> list:
         outs = []
         for name in self.output_names:
             if name not in env:
                 raise _fail("outputs", "names of values in the graph", repr(name))
             outs.append(env[name].to_public(self.fill_value))
         return outs
+
+    def _under(self, capacities: dict):
+        """A jitted :meth:`sized` of this model at ``capacities`` (one per set, kept)."""
+        key = tuple(sorted(capacities.items()))
+        if key not in self._runs:
+            variant = copy.copy(self)
+            variant.plan, variant.capacities = None, dict(capacities)
+
+            def run(*args, **kwargs):
+                self.compiles += 1
+                return variant.sized(*args, **kwargs)
+            self._runs[key] = jax.jit(run)
+        return self._runs[key]
 
     def check_inputs(self, *args: Any, **kwargs: Any) -> None:
         """Refuses, on the host, a 64-bit input that JAX with x64 off would change
@@ -208,7 +159,7 @@ class Program:
         return {o: env[o].to_public(self.fill_value) for n in self.proto.graph.node
                 for o in n.output if o in env and not env[o].concrete}
 
-    def _run(self, args: tuple, kwargs: dict) -> dict:
+    def _run(self, args: tuple, kwargs: dict, sizes: dict | None = None) -> dict:
         values = dict(zip(self.input_names, args))
         if len(args) > len(self.input_names):
             raise _fail("inputs", f"at most {len(self.input_names)} inputs "
@@ -224,7 +175,7 @@ class Program:
         declared = {v.name: v for v in self.proto.graph.input}
         for name, v in values.items():
             env[name] = self._input(name, declared[name], v)
-        return run_graph_env(self, env)
+        return run_graph_env(self, env, sizes)
 
     def _input(self, name: str, value: Any, x: Any) -> Tensor:
         from onnx import helper
@@ -245,13 +196,18 @@ class Program:
         return t
 
 
-def run_graph_env(program: Program, env: dict) -> dict:
-    run_graph(program.proto.graph, env, program.opset, program)
+def _traced(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def run_graph_env(program: Program, env: dict, sizes: dict | None = None) -> dict:
+    run_graph(program.proto.graph, env, program.opset, program, sizes)
     return env
 
 
-def load(model: Any, *, capacities: Mapping[str, int] | None = None,
-         outputs: Sequence[str] | None = None, fill_value: Any = 0) -> Program:
+def load(model: Any, *, capacities: Mapping[str, int] | CapacityPlan | None = None,
+         outputs: Sequence[str] | None = None, fill_value: Any = 0,
+         overflow: str = "expand") -> Program:
     """An ONNX model as a jittable JAX function in which every tensor has a dual shape.
 
     Args:
@@ -260,10 +216,18 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
       capacities: optional capacities of data-dependent outputs, by output name (or node
         name): ``NonZero``'s, ``Compress``'s, ``Unique``'s or ``NonMaxSuppression``'s
         ``size=``. A capacity below the bound may overflow: the outputs downstream then
-        say so in their ``true_shape`` (``overflowed()``), never silently.
+        say so in their ``true_shape`` (``overflowed()``), never silently. Or a
+        :class:`~jaxops.onnx.CapacityPlan` (:func:`~jaxops.onnx.calibrate`): then
+        :meth:`Program.sized` tells, inside jit too, which tensor overflowed and by how
+        much, and an eager call applies ``overflow``.
       outputs: the names of the values to return (default: the graph outputs); any value
         of the graph may be named, e.g. to compare intermediate results.
       fill_value: what the padding of returned DynArrays holds.
+      overflow: under a plan, what an eager call (outside jit) does when a tensor needs
+        more than its planned capacity: ``"expand"`` (default: rerun with it at its bound,
+        one more compile; nothing is lost), ``"truncate"`` (warn, keep the cut result) or
+        ``"error"`` (raise ``CapacityOverflowError`` naming the tensor). Inside jit the
+        overflow travels in the outputs and in :meth:`Program.sized`'s report.
 
     Returns:
       A :class:`Program`: ``program(*inputs)`` or ``program(name=array)`` returns a list
@@ -293,8 +257,5 @@ def load(model: Any, *, capacities: Mapping[str, int] | None = None,
       ([2.0, 3.0, 4.0], 9.0)
     """
     proto, folder = _read(model)
-    _external_inside(proto, folder)
-    for t in proto.graph.initializer:
-        _plan(t)
-    opset = _check_graph(proto)
-    return Program(proto, folder, opset, capacities, outputs, fill_value)
+    opset = check_model(proto, folder)
+    return Program(proto, folder, opset, capacities, outputs, fill_value, overflow)

@@ -18,6 +18,11 @@ give shape-feeding integers static bounds without a second copy of the op:
   (``Gather``, ``Concat``, ``Slice``, ``Reshape``...): the handler run on element ids
   tells which, and bounds, known values and traced dims follow the copies;
 - ``"bool"``: in ``[0, 1]``; ``None``: unknown (or set by the handler itself).
+
+A handler may also declare ``check=``: a function of the node as load sees it
+(:class:`jaxops.onnx.checks.LoadNode`: attributes, constant inputs) that raises for what
+the handler cannot run (an attribute value, a constant input), so that such a model is
+refused at load, naming the node, the attribute and what is supported, before anything runs.
 """
 
 from __future__ import annotations
@@ -36,19 +41,20 @@ class Handler:
     bounds: str | None = None
     data: tuple[int, ...] = (0,)  # the inputs whose elements a "copy" op moves
     since: int = 1  # the oldest opset whose semantics the handler implements
+    check: Callable | None = None  # refuses, at load, what the handler cannot run
 
 
 HANDLERS: dict[str, Handler] = {}
 
 
 def handler(*op_types: str, bounds: str | None = None, data: tuple[int, ...] = (0,),
-            since: int = 1) -> Callable:
+            since: int = 1, check: Callable | None = None) -> Callable:
     """Registers the decorated function for each of ``op_types`` (twice is an error)."""
     def register(fn: Callable) -> Callable:
         for op in op_types:
             if op in HANDLERS:
                 raise ValueError(f"ONNX op {op!r} has two handlers")
-            HANDLERS[op] = Handler(op, fn, bounds, data, since)
+            HANDLERS[op] = Handler(op, fn, bounds, data, since, check)
         return fn
     return register
 

@@ -40,7 +40,8 @@ def _select(ctx, c, a: Tensor, b: Tensor) -> Tensor:
             dims.append(jnp.where(c, jnp.asarray(da, jnp.int32), jnp.asarray(db, jnp.int32)))
     lost = None
     if a.lost is not None or b.lost is not None:
-        lost = jnp.where(c, jnp.asarray(a.lost or 0, jnp.int32), jnp.asarray(b.lost or 0, jnp.int32))
+        lost = jnp.where(c, *(jnp.asarray(0 if t.lost is None else t.lost, jnp.int32)
+                              for t in (a, b)))
     out = Tensor(data, dims, lost=lost)
     la, ha = a.bounds()
     lb, hb = b.bounds()
@@ -61,6 +62,10 @@ def _if(ctx, cond):
     return tuple(_select(ctx, c, a, b) for a, b in zip(then, other))
 
 
+class _Traced(Exception):
+    """An unrolled loop met a condition computed at run time: it runs as a while loop."""
+
+
 @handler("Loop")
 def _loop(ctx, trip=None, cond=None, *carried):
     env = ctx.env
@@ -69,7 +74,10 @@ def _loop(ctx, trip=None, cond=None, *carried):
     m = scalar(trip)
     if (trip is None or trip.concrete) and (cond is None or cond.concrete) and \
             (m is None or m <= _UNROLL):
-        return _unrolled(ctx, m, cond, list(carried), n_scan, env)
+        try:
+            return _unrolled(ctx, m, cond, list(carried), n_scan, env)
+        except _Traced:
+            pass
     return _while(ctx, trip, cond, list(carried), n_scan, env)
 
 
@@ -88,8 +96,10 @@ def _unrolled(ctx, m, cond, carried, n_scan, env):
         for s, v in zip(scans, scanned):
             s.append(v)
         if not c_out.concrete:
-            raise ctx.error("cond", "a loop condition known at trace time (or a static "
-                            "carried state)", "a traced condition")
+            if all(t.is_static for t in carried):
+                raise _Traced()
+            raise ctx.error("cond", "a loop condition known at trace time, or static carried "
+                            "values", "a traced condition with values whose size changes")
         go = bool(np.asarray(c_out.data).reshape(-1)[0])
         i += 1
     results = list(carried)
@@ -101,18 +111,43 @@ def _unrolled(ctx, m, cond, carried, n_scan, env):
 
 
 def _while(ctx, trip, cond, carried, n_scan, env):
-    if n_scan or any(not t.is_static for t in carried):
-        raise ctx.error("body", "static carried values and no scan outputs for a loop whose "
-                        "trip count is traced", f"{n_scan} scan outputs")
+    """A ``lax.while_loop`` over static carried values; scan outputs fill buffers of the trip
+    count's upper bound, their actual size the iterations run."""
+    if any(not t.is_static for t in carried):
+        raise ctx.error("v_initial", "static carried values for a loop whose trip count or "
+                        "condition is computed at run time", [repr(t) for t in carried])
+    bound = None
+    if trip is not None:
+        hi = float(np.max(trip.bounds()[1]))
+        bound = int(max(hi, 0)) if np.isfinite(hi) and hi < 2 ** 31 else None
+    if n_scan and bound is None:
+        raise ctx.error("M", "a trip count with a static upper bound for a loop with scan "
+                        "outputs (their max size)", "an unbounded one",
+                        "Bound it (a Min with a constant) or give it a constant.")
     m = jnp.asarray(np.iinfo(np.int32).max if trip is None else scalar(trip), jnp.int32)
     c0 = jnp.asarray(True if cond is None else cond.jax().reshape(-1)[0], bool)
+    n_carried = len(carried)
+
+    def body(i, c, vals):
+        outs = ctx.subgraph("body", [Tensor(i.astype(jnp.int32)), Tensor(c)]
+                            + [Tensor(v) for v in vals], env, record=False)
+        for o in outs[1 + n_carried:]:
+            if not o.is_static:
+                raise ctx.error("body", "scan outputs of a static shape", repr(o))
+        return (outs[0].jax().reshape(()).astype(bool),
+                tuple(o.jax().astype(v.dtype) for o, v in zip(outs[1:], vals)),
+                tuple(o.jax() for o in outs[1 + n_carried:]))
+    vals0 = tuple(t.jax() for t in carried)
+    shapes = jax.eval_shape(body, jnp.int32(0), c0, vals0)[2] if n_scan else ()
+    bufs0 = tuple(jnp.zeros((bound,) + s.shape, s.dtype) for s in shapes)
 
     def step(state):
-        i, c, vals = state
-        outs = ctx.subgraph("body", [Tensor(i.astype(jnp.int32)), Tensor(c)]
-                            + [Tensor(v) for v in vals], env)
-        return i + 1, outs[0].jax().reshape(()).astype(bool), \
-            tuple(o.jax().astype(v.dtype) for o, v in zip(outs[1:], vals))
-    _, _, vals = jax.lax.while_loop(lambda s: s[1] & (s[0] < m), step,
-                                    (jnp.int32(0), c0, tuple(t.jax() for t in carried)))
-    return tuple(Tensor(v) for v in vals)
+        i, _, vals, bufs = state
+        c, vals, scanned = body(i, state[1], vals)
+        bufs = tuple(jax.lax.dynamic_update_index_in_dim(b, s.astype(b.dtype), i, 0)
+                     for b, s in zip(bufs, scanned))
+        return i + 1, c, vals, bufs
+    n, _, vals, bufs = jax.lax.while_loop(lambda s: s[1] & (s[0] < m), step,
+                                          (jnp.int32(0), c0, vals0, bufs0))
+    scans = [Tensor(b, [n] + list(b.shape[1:])) for b in bufs]
+    return tuple([Tensor(v) for v in vals] + scans)

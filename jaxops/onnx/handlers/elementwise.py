@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jaxops.dynamic import rules
@@ -118,24 +119,70 @@ def _clip(ctx, x, lo=None, hi=None):
     return _ew(ctx, clip, x, lo, hi)
 
 
+_FLOAT8 = {np.dtype(getattr(ml_dtypes, n)) for n in
+           ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")}
+
+
+_NARROW_INTS = {np.dtype(getattr(ml_dtypes, n)) for n in ("int4", "uint4", "int2", "uint2")}
+
+
+def _converter(ctx, source, to):
+    """ONNX's conversion of ``source`` values to ``to`` (onnx.reference's ``cast_to``, on
+    ml_dtypes): a float to an integer toward zero (C), to a 4- or 2-bit integer 0 where it
+    is out of range, to float8 saturated at its largest finite value unless
+    ``saturate=0``."""
+    to = np.dtype(to)
+    if to in _FLOAT8 and ctx.attr("saturate", 1):
+        big = float(ml_dtypes.finfo(to).max)
+        return lambda v: jnp.clip(v, -big, big).astype(to) if jnp.issubdtype(
+            v.dtype, jnp.floating) else v.astype(to)
+    if source.kind in "fV" and to in _NARROW_INTS:  # toward zero; out of range: 0
+        lo, hi = (int(b) for b in (ml_dtypes.iinfo(to).min, ml_dtypes.iinfo(to).max))
+        return lambda v: jnp.where((v > lo - 1) & (v < hi + 1), jnp.trunc(v), 0).astype(to)
+    if source.kind == "f" and to.kind in "iu":  # C conversion: toward zero
+        return lambda v: jnp.trunc(v).astype(to)
+    return lambda v: v.astype(to)
+
+
 @handler("Cast", bounds="monotone")
 def _cast(ctx, x):
-    to = jax_dtype(ctx.attr("to"))
-    if x.dtype.kind == "f" and to.kind in "iu":  # C conversion: toward zero
-        return _ew(ctx, lambda v: jnp.trunc(v).astype(to), x)
-    return _ew(ctx, lambda v: v.astype(to), x)
+    return _ew(ctx, _converter(ctx, x.dtype, jax_dtype(ctx.attr("to"))), x)
 
 
 @handler("CastLike", bounds="monotone")
 def _cast_like(ctx, x, like):
-    to = like.dtype
-    return _ew(ctx, lambda v: (jnp.trunc(v) if x.dtype.kind == "f" and to.kind in "iu"
-                               else v).astype(to), x)
+    return _ew(ctx, _converter(ctx, x.dtype, like.dtype), x)
 
 
-@handler("Identity", "Dropout", bounds="copy")
-def _identity(ctx, x, *rest):
-    if ctx.op_type == "Dropout" and len(ctx.node.output) > 1:
+def _check_dropout(node) -> None:
+    """Dropout runs as inference (or with ratio 0, where training changes nothing): a
+    random mask is refused at load, as it cannot equal any other runtime's."""
+    if node.opset < 12:
+        if node.opset < 7 and not node.attr("is_test", 0):
+            raise node.error("is_test", "1 (inference; random masks are not supported)", 0)
+        return
+    if not node.given(2):
+        return
+    training = node.constant(2)
+    if training is None:
+        raise node.error("training_mode", "a constant (inference, or ratio 0)",
+                         "a value computed at run time")
+    ratio = node.constant(1) if node.given(1) else np.float32(0.5)
+    ratio = None if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+    if bool(np.asarray(training).reshape(-1)[0]) and ratio != 0.0:
+        raise node.error("training_mode", "false, or true with ratio 0 (random masks are not "
+                         "supported)", "true with ratio "
+                         + ("computed at run time" if ratio is None else str(ratio)))
+
+
+@handler("Identity", bounds="copy")
+def _identity(ctx, x):
+    return x
+
+
+@handler("Dropout", bounds="copy", check=_check_dropout)
+def _dropout(ctx, x, *rest):
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:  # the mask: every element kept
         return x, _ew(ctx, lambda v: jnp.ones(v.shape, bool), x)
     return x
 

@@ -16,7 +16,7 @@ from jaxops.onnx.registry import handler
 def _axes(ctx, t, name="axes"):
     """Axes from the attribute (older opsets) or the input (newer)."""
     if t is not None:
-        return ctx.known_int(t, name)
+        return ctx.known_ints(t, name)
     return ctx.attr(name)
 
 
@@ -301,7 +301,9 @@ def _depth_space(ctx, x):
     n, c, h, w = x.shape
     data = x.jax()
     if ctx.op_type == "SpaceToDepth":
-        t = data.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+        t = data.reshape(n, c, h // b, b, w // b, b)
+        t = t.transpose((0, 3, 5, 1, 2, 4) if ctx.attr("mode", "DCR") == "DCR" else
+                        (0, 1, 3, 5, 2, 4))
         return Tensor(t.reshape(n, c * b * b, h // b, w // b))
     if ctx.attr("mode", "DCR") == "DCR":
         t = data.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)

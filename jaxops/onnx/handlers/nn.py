@@ -1,5 +1,5 @@
-"""Convolutions, pools, normalizations, Resize and RoiAlign: each runs at the max shape
-over the axes whose rows are independent (:func:`jaxops.dynamic.rules.per_row`: a dynamic
+"""Convolutions, pools, normalizations and RoiAlign: each runs at the max shape over the
+axes whose rows are independent (:func:`jaxops.dynamic.rules.per_row`: a dynamic
 batch axis; for RoiAlign a dynamic number of boxes)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from jax import lax
 
 from jaxops.dynamic import rules
 from jaxops.dynamic.tensor import Tensor
-from jaxops.onnx.handlers.common import dims_from, scalar
+from jaxops.onnx.handlers.common import jax_dtype
 from jaxops.onnx.registry import handler
 
 
@@ -64,22 +64,26 @@ def _conv_transpose(ctx, x, w, b=None):
     group = ctx.attr("group", 1)
     out_pad = ctx.attr("output_padding") or [0] * n
     pads = ctx.attr("pads") or [0] * (2 * n)
-    if ctx.attr("output_shape") is not None or ctx.attr("auto_pad", "NOTSET") != "NOTSET":
-        total = []
-        want = ctx.attr("output_shape") or [s * st for s, st in zip(x.shape[2:], strides)]
-        for i in range(n):
-            t = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + ((kernel[i] - 1) * dil[i] + 1) \
-                - want[i]
-            total.append(t)  # negative: the output grows
-        upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+    natural = [strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1
+               for i in range(n)]
+    want = ctx.attr("output_shape")
+    if ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        want = want or [s * st for s, st in zip(x.shape[2:], strides)]
+        total = [natural[i] - want[i] for i in range(n)]  # negative: the output grows
+        upper = ctx.attr("auto_pad") == "SAME_UPPER"
         pads = [t // 2 if upper else t - t // 2 for t in total] + \
             [t - t // 2 if upper else t // 2 for t in total]
+        want = None
+    # else an output_shape (ONNX's reference) keeps the pads and ends the output there:
+    # the positions past the natural output are 0
+    extra = [0] * n if want is None else \
+        [want[i] - (natural[i] - pads[i] - pads[i + n]) for i in range(n)]
     c_in, c_out_g = w.shape[0], w.shape[1]
     weight = w.jax().reshape((group, c_in // group, c_out_g) + tuple(kernel))
     weight = jnp.swapaxes(weight, 1, 2).reshape((group * c_out_g, c_in // group) + tuple(kernel))
     weight = jnp.flip(weight, axis=tuple(range(2, 2 + n)))
     padding = [((kernel[i] - 1) * dil[i] - pads[i],
-                (kernel[i] - 1) * dil[i] - pads[i + n] + out_pad[i]) for i in range(n)]
+                (kernel[i] - 1) * dil[i] - pads[i + n] + out_pad[i] + extra[i]) for i in range(n)]
 
     def deconv(v):
         return _with_bias(lax.conv_general_dilated(
@@ -110,6 +114,8 @@ def _pool(ctx, x, kind):
     pad = [(0, 0), (0, 0)] + list(pads)
 
     def pool(v):
+        if kind == "argmax":
+            return _argmax_pool(v, win, st, pad, dl, ctx.attr("storage_order", 0))
         if kind == "max":
             init = -jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).min
             return lax.reduce_window(v, jnp.asarray(init, v.dtype), lax.max, win, st, pad,
@@ -126,6 +132,35 @@ def _pool(ctx, x, kind):
     return rules.per_row(pool, x, op=ctx.where)
 
 
+def _argmax_pool(v, win, st, pad, dl, storage_order):
+    """MaxPool's indices: of each window's first largest element (row-major scan), flat over
+    the whole input, row-major (``storage_order`` 0) or with the spatial axes reversed (1:
+    ``h + w * H``); a variadic reduce_window on (value, index) pairs, ties to the lower
+    index (the first scanned)."""
+    flat = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+    for k in range(1, v.ndim):
+        flat = flat * v.shape[k] + lax.broadcasted_iota(jnp.int32, v.shape, k)
+    low = -jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).min
+
+    def pick(a, b):
+        take = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+        return jnp.where(take, b[0], a[0]), jnp.where(take, b[1], a[1])
+    _, idx = lax.reduce_window((v, flat), (jnp.asarray(low, v.dtype),
+                                           jnp.int32(np.iinfo(np.int32).max)),
+                               pick, win, st, pad, window_dilation=dl)
+    if storage_order:  # (n, c, h, w, ...) -> n*C + c, then the spatial axes reversed
+        spatial = v.shape[2:]
+        rest, coords = idx, []
+        for size in reversed(spatial):
+            coords.append(rest % size)
+            rest = rest // size
+        col, stride = jnp.zeros_like(idx), 1
+        for c, size in zip(coords[::-1], spatial):  # h first: stride 1, then w: stride H...
+            col, stride = col + c * stride, stride * size
+        idx = rest * int(np.prod(spatial)) + col
+    return idx.astype(jax_dtype(7))
+
+
 def _include_count(spatial, kernel, strides, dil, pads, declared, dtype):
     """Window sizes counting the declared padding (not ceil_mode's extra) as elements."""
     padded = jnp.pad(jnp.ones(spatial, dtype), declared, constant_values=1)
@@ -134,7 +169,12 @@ def _include_count(spatial, kernel, strides, dil, pads, declared, dtype):
                              extra, window_dilation=tuple(dil))
 
 
-handler("MaxPool")(lambda ctx, x: _pool(ctx, x, "max"))
+@handler("MaxPool")
+def _max_pool(ctx, x):
+    y = _pool(ctx, x, "max")
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return y
+    return y, _pool(ctx, x, "argmax")
 handler("AveragePool")(lambda ctx, x: _pool(ctx, x, "avg"))
 
 
@@ -148,9 +188,25 @@ def _global_pool(ctx, x):
 def _batch_norm(ctx, x, scale, bias, mean, var, *rest):
     eps = ctx.attr("epsilon", 1e-5)
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    s, b, m, v = (t.jax().reshape(shape) for t in (scale, bias, mean, var))
-    return rules.elementwise(lambda d: ((d - m) / jnp.sqrt(v + eps) * s + b).astype(d.dtype), x,
-                             op=ctx.where)
+    s, b = scale.jax().reshape(shape), bias.jax().reshape(shape)
+    training = ctx.attr("training_mode", 0) if ctx.opset >= 14 else \
+        not ctx.attr("is_test", 0) if ctx.opset < 7 else 0
+    if training:  # the batch's statistics, over every axis but the channels (valid region)
+        axes = (0,) + tuple(range(2, x.ndim))
+        batch_mean = rules.reduce(x, "mean", axes, True)
+        centred = rules.elementwise(lambda d, mu: d - mu, x, batch_mean, op=ctx.where)
+        batch_var = rules.reduce(rules.elementwise(jnp.square, centred), "mean", axes, True)
+        m, v = batch_mean.jax(), batch_var.jax()
+    else:
+        m, v = mean.jax().reshape(shape), var.jax().reshape(shape)
+    y = rules.elementwise(lambda d: ((d - m) / jnp.sqrt(v + eps) * s + b).astype(d.dtype), x,
+                          op=ctx.where)
+    if not training or len(ctx.node.output) == 1:
+        return y
+    momentum = ctx.attr("momentum", 0.9)
+    running = [Tensor((old.jax() * momentum + new.reshape(-1) * (1 - momentum))
+                      .astype(old.dtype)) for old, new in ((mean, m), (var, v))]
+    return (y, *running)
 
 
 @handler("InstanceNormalization")
@@ -197,91 +253,6 @@ def _lrn(ctx, x):
                                   (1,) * d.ndim, [(0, 0), (lo, hi)] + [(0, 0)] * (d.ndim - 2))
         return d / jnp.power(bias + alpha / size * total, beta)
     return rules.per_row(lrn, x, op=ctx.where)
-
-
-# -- Resize --------------------------------------------------------------------------------
-def _source(mode, out_size, in_size, scale, roi_lo=0.0, roi_hi=1.0) -> np.ndarray:
-    """Where each output position samples the input (ONNX's coordinate transforms), in
-    float64 on the host: the sizes are static, and float32 would round a 0.5 the wrong way."""
-    i = np.arange(out_size, dtype=np.float64)
-    if mode == "half_pixel":
-        return (i + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros_like(i)
-    if mode == "align_corners":  # ONNX divides by the unrounded output length
-        length = in_size * scale
-        return i * (in_size - 1) / (length - 1) if length > 1 else np.zeros_like(i)
-    if mode == "asymmetric":
-        return i / scale
-    if mode == "half_pixel_symmetric":
-        adj = out_size / (scale * in_size)
-        off = in_size / 2 * (1 - adj)
-        return off + (i + 0.5) / scale - 0.5
-    if mode == "tf_crop_and_resize":
-        if out_size > 1:
-            return roi_lo * (in_size - 1) + i * (roi_hi - roi_lo) * (in_size - 1) / (out_size - 1)
-        return np.full_like(i, 0.5 * (roi_lo + roi_hi) * (in_size - 1))
-    raise ValueError(f"coordinate_transformation_mode {mode!r}")
-
-
-def _nearest(x, mode):
-    if mode == "round_prefer_ceil":
-        return np.floor(x + 0.5)
-    if mode == "floor":
-        return np.floor(x)
-    if mode == "ceil":
-        return np.ceil(x)
-    return np.ceil(x - 0.5)  # round_prefer_floor
-
-
-@handler("Resize", "Upsample")
-def _resize(ctx, x, roi=None, scales=None, sizes=None):
-    if ctx.op_type == "Upsample":
-        scales, roi = roi, None
-    mode = ctx.attr("mode", "nearest")
-    ctm = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
-    if ctx.op_type == "Upsample" or ctx.opset < 11:
-        ctm = "asymmetric"
-    nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
-    if ctx.op_type == "Upsample" or ctx.opset < 11:  # before opset 11 "nearest" floors
-        nearest_mode = "floor"
-    if mode not in ("nearest", "linear") or ctx.attr("antialias", 0) or \
-            ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ctx.error("mode", "nearest or linear (no antialias, stretch)", mode)
-    axes = ctx.attr("axes") or list(range(x.ndim))
-    if sizes is not None and sizes.shape and sizes.shape[0]:
-        out = dict(zip(axes, ctx.known_int(sizes, "sizes")))
-        sc = {a: out[a] / x.shape[a] for a in axes}
-    else:
-        s = np.asarray(scales.np(), np.float64).reshape(-1)
-        sc = dict(zip(axes, s.tolist()))
-        out = {a: int(math.floor(x.shape[a] * sc[a])) for a in axes}
-    r = None if roi is None or not roi.shape or not roi.shape[0] else np.asarray(roi.np(), np.float64)
-    moved = [a for a in axes if out[a] != x.shape[a] or sc[a] != 1.0]
-    for a in moved:
-        if not isinstance(x.dims[a], int):
-            raise ctx.error("X", "static sizes on the resized axes", f"a dynamic axis {a}")
-
-    def resize(v):
-        for a in moved:
-            n_in, n_out = v.shape[a], out[a]
-            lo_hi = (r[axes.index(a)], r[axes.index(a) + len(axes)]) if r is not None else (0, 1)
-            src = _source(ctm, n_out, n_in, sc[a], *lo_hi)
-            if mode == "nearest":
-                idx = np.clip(_nearest(src, nearest_mode), 0, n_in - 1).astype(np.int32)
-                v = jnp.take(v, idx, axis=a)
-            else:
-                src = np.clip(src, 0, n_in - 1)
-                lo = np.floor(src).astype(np.int32)
-                hi = np.minimum(lo + 1, n_in - 1)
-                w = jnp.asarray(src - lo, v.dtype)
-                shape = [1] * v.ndim
-                shape[a] = n_out
-                w = w.reshape(shape)
-                v = jnp.take(v, lo, axis=a) * (1 - w) + jnp.take(v, hi, axis=a) * w
-        return v
-    return rules.per_row(resize, x, free_axes=tuple(k for k in range(x.ndim) if k not in moved),
-                         op=ctx.where)
 
 
 # -- RoiAlign ------------------------------------------------------------------------------

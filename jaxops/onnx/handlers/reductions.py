@@ -19,7 +19,7 @@ _KINDS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceM
 def _reduce(ctx, x, axes=None):
     kind = _KINDS[ctx.op_type]
     if axes is not None:
-        axes = ctx.known_int(axes, "axes")
+        axes = ctx.known_ints(axes, "axes")
     elif "axes" in ctx.attrs:
         axes = ctx.attr("axes")
     if not axes:
