@@ -84,7 +84,7 @@ class Program:
         self.input_names = [v.name for v in proto.graph.input if v.name not in init]
         self.output_names = list(outputs) if outputs else [o.name for o in proto.graph.output]
         self.fill_value = fill_value
-        self._inits: dict[str, np.ndarray] = {}
+        self._inits: dict[int, tuple[Any, np.ndarray]] = {}
 
     def initializer(self, t: Any) -> np.ndarray:
         """An initializer (or Constant's tensor) as a host array, its external data read
@@ -92,16 +92,17 @@ class Program:
         from onnx import numpy_helper
         from onnx.external_data_helper import uses_external_data
 
-        key = t.name
-        if key and key in self._inits:
-            return self._inits[key]
+        # By the tensor itself, not its name: Constants in different subgraphs (If
+        # branches) may name their value tensors alike and hold different values.
+        held = self._inits.get(id(t))
+        if held is not None and held[0] is t:
+            return held[1]
         if uses_external_data(t):
             plan_initializer(t)
             arr = numpy_helper.to_array(t, base_dir=str(self.folder))
         else:
             arr = numpy_helper.to_array(t)
-        if key:
-            self._inits[key] = arr
+        self._inits[id(t)] = (t, arr)  # t kept: its id is not reused while cached
         return arr
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[jax.Array | DynArray]:
