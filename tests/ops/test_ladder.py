@@ -69,13 +69,15 @@ def _spread_scores(rng, b, c, n):
 
 
 def test_tiers_and_settings():
-    assert ladder.tiers(20000) == (256, 2048, 20000)
-    assert ladder.tiers(1024) == (256, 1024) and ladder.tiers(1000) == (1000,)
-    with ladder.settings(**OFF):
-        assert ladder.tiers(20000) == (20000,)
-    with ladder.settings(**FINE):
-        assert ladder.tiers(100) == (4, 16, 100) and ladder.tiers(3) == (3,)
-    assert ladder.tiers(20000) == (256, 2048, 20000)  # the block restored the ladder
+    # the defaults, whatever JAXOPS_TEST_LADDER set for the session
+    with ladder.settings(**ladder.LadderSettings()._asdict()):
+        assert ladder.tiers(20000) == (256, 2048, 20000)
+        assert ladder.tiers(1024) == (256, 1024) and ladder.tiers(1000) == (1000,)
+        with ladder.settings(**OFF):
+            assert ladder.tiers(20000) == (20000,)
+        with ladder.settings(**FINE):
+            assert ladder.tiers(100) == (4, 16, 100) and ladder.tiers(3) == (3,)
+        assert ladder.tiers(20000) == (256, 2048, 20000)  # the block restored the ladder
 
 
 def test_climb_runs_the_smallest_tier_that_holds_the_count_compiled_once():
