@@ -60,6 +60,22 @@ struct Tables {
   std::vector<int64_t> bytes;
 };
 
+// body(i, slots[i]) for every lane i, split among the pool's threads; prefetch(slot) is
+// called kRowsAhead lanes ahead for each slot in [0, rows) (the others are not rows).
+template <typename Prefetch, typename Body>
+void each_lane(ffi::ThreadPool& pool, const int32_t* slots, int64_t n, int64_t rows,
+               const Prefetch& prefetch, const Body& body) {
+  parallel_for(pool, n, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kRowsAhead < end) {
+        const int32_t a = slots[i + kRowsAhead];
+        if (a >= 0 && a < rows) prefetch(int64_t{a});
+      }
+      body(i, slots[i]);
+    }
+  });
+}
+
 ffi::Error TakeRows(ffi::Buffer<ffi::S32> slots, ffi::RemainingArgs tables,
                     ffi::RemainingRets outs, ffi::ThreadPool pool) {
   const int64_t n = slots.element_count(), k = static_cast<int64_t>(tables.size());
@@ -85,23 +101,20 @@ ffi::Error TakeRows(ffi::Buffer<ffi::S32> slots, ffi::RemainingArgs tables,
   const int32_t* s = slots.typed_data();
   // One pass for every table: their rows of a lane are requested together, so the misses
   // of k tables overlap (k passes would wait for each table's misses in turn).
-  parallel_for(pool, n, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kRowsAhead < end) {
-        const int32_t a = s[i + kRowsAhead];
-        if (a >= 0 && a < rows)
-          for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.from[j] + a * t.bytes[j], 0, 0);
-      }
-      const int32_t at = s[i];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t rb = t.bytes[j];
-        if (at >= 0 && at < rows)
-          copy_row(t.to[j] + i * rb, t.from[j] + int64_t{at} * rb, rb);
-        else
-          std::memset(t.to[j] + i * rb, 0, rb);
-      }
-    }
-  });
+  each_lane(
+      pool, s, n, rows,
+      [&](int64_t a) {
+        for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.from[j] + a * t.bytes[j], 0, 0);
+      },
+      [&](int64_t i, int32_t at) {
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t rb = t.bytes[j];
+          if (at >= 0 && at < rows)
+            copy_row(t.to[j] + i * rb, t.from[j] + int64_t{at} * rb, rb);
+          else
+            std::memset(t.to[j] + i * rb, 0, rb);
+        }
+      });
   return ffi::Error::Success();
 }
 
@@ -136,19 +149,17 @@ ffi::Error PutRows(ffi::Buffer<ffi::S32> slots, ffi::RemainingArgs args, ffi::Re
   }
   const int32_t* s = slots.typed_data();
   // Distinct slots: the parts write disjoint rows, so splitting changes nothing.
-  parallel_for(pool, n, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kRowsAhead < end) {
-        const int32_t a = s[i + kRowsAhead];
-        if (a >= 0 && a < rows)
-          for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.to[j] + a * t.bytes[j], 1, 0);
-      }
-      const int32_t at = s[i];
-      if (at < 0 || at >= rows) continue;
-      for (int64_t j = 0; j < k; ++j)
-        copy_row(t.to[j] + int64_t{at} * t.bytes[j], from_rows[j] + i * t.bytes[j], t.bytes[j]);
-    }
-  });
+  each_lane(
+      pool, s, n, rows,
+      [&](int64_t a) {
+        for (int64_t j = 0; j < k; ++j) __builtin_prefetch(t.to[j] + a * t.bytes[j], 1, 0);
+      },
+      [&](int64_t i, int32_t at) {
+        if (at < 0 || at >= rows) return;
+        for (int64_t j = 0; j < k; ++j)
+          copy_row(t.to[j] + int64_t{at} * t.bytes[j], from_rows[j] + i * t.bytes[j],
+                   t.bytes[j]);
+      });
   return ffi::Error::Success();
 }
 
