@@ -1,8 +1,11 @@
 """ONNX's backend node test cases, under jit, x64 off and on, as a parametrized matrix.
 
-By default one case per op runs (the first by name, about 130: the suite's time budget);
-``JAXOPS_ONNX_CONFORMANCE=all`` runs every applicable case (about 1,360, ~2.5 min per x64
-mode). A case that needs 64-bit values with x64 off must be refused with the library's
+By default one case per op runs (the first by name, about 140: the suite's time budget),
+listed in ``selected_cases.txt`` so that collecting them does not run ONNX's case generators
+(~8 s, which every xdist worker would pay); ``test_the_selection_covers_every_op`` checks the
+list against the generated cases. ``JAXOPS_ONNX_CONFORMANCE=all`` runs every applicable case
+(about 1,360, ~2.5 min per x64 mode). The module's tests share one xdist group
+(``make test`` runs ``--dist loadgroup``): one worker generates the cases and compiles them. A case that needs 64-bit values with x64 off must be refused with the library's
 error (``OpDTypeError``), or pass (within the case's tolerance). Cases whose
 combination jaxops.onnx does not implement are refused at load, naming the node
 (``REFUSED``, checked for every such case); every other case must pass.
@@ -40,15 +43,42 @@ ALSO = {"test_cast_FLOAT_to_FLOAT8E4M3FN", "test_cast_no_saturate_FLOAT_to_FLOAT
         "test_cast_FLOAT_to_FLOAT4E2M1", "test_castlike_FLOAT_to_UINT2"}
 
 
+pytestmark = pytest.mark.xdist_group("onnx_conformance")
+
+SELECTED = pathlib.Path(__file__).parent / "selected_cases.txt"
+
+
+def _op(name) -> str:
+    return next(iter(sorted(conformance._ops(conformance.cases()[name].model.graph))))
+
+
 def _selected() -> list[str]:
-    names = sorted(conformance.cases())
     if os.environ.get("JAXOPS_ONNX_CONFORMANCE") == "all":
-        return names
+        return sorted(conformance.cases())
+    return SELECTED.read_text().split()
+
+
+def _first_case_per_op() -> list[str]:
+    """The default selection's rule: the first case by name of each op, and ``ALSO``."""
     first = {}
-    for name in names:
-        op = next(iter(sorted(conformance._ops(conformance.cases()[name].model.graph))))
-        first.setdefault(op, name)
+    for name in sorted(conformance.cases()):
+        first.setdefault(_op(name), name)
     return sorted(set(first.values()) | ALSO)
+
+
+def test_the_selection_covers_every_op():
+    """``selected_cases.txt`` names applicable cases only, and every op that has an
+    applicable case (with this onnx) has one there. Rewrite it after an onnx upgrade with
+    ``python -c "from tests.onnx import test_conformance as t; t.write_selection()"``."""
+    applicable = conformance.cases()
+    listed = SELECTED.read_text().split()
+    assert not set(listed) - set(applicable), sorted(set(listed) - set(applicable))
+    missing = {_op(n) for n in applicable} - {_op(n) for n in listed}
+    assert not missing, f"ops with no selected case: {sorted(missing)}; run write_selection()"
+
+
+def write_selection() -> None:
+    SELECTED.write_text("\n".join(_first_case_per_op()) + "\n")
 
 
 def _refused(name) -> str:
