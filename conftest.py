@@ -3,10 +3,12 @@ compiles are cheaper in the test session (see :func:`_cheaper_compiles`), and th
 garbage collector runs less often (``GC_THRESHOLDS``); xdist workers end
 their session quickly enough not to be interrupted (see below)."""
 
+import atexit
 import gc
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -101,7 +103,11 @@ def pytest_sessionfinish(session):
     ``KeyboardInterrupt`` traceback from it at the end of ``make test``), and (2) in runs
     that collected no hypothesis test, hypothesis' terminal-summary hook importing
     hypothesis. Freezing the heap makes those passes skip the objects that exist now
-    (garbage made later, e.g. at teardown, is still collected and checked).
+    (garbage made later, e.g. at teardown, is still collected and checked). (3) jax's exit
+    hook (``jax._src.api.clean_up``, registered with ``atexit``) clears every cache and
+    backend of the worker one by one: ~5 s per worker in a profile of ``make test``, spent
+    freeing what the process's exit frees anyway, so a worker drops it (the workers start
+    no ``jax.distributed`` run, which the hook would also shut down).
     """
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
@@ -109,6 +115,9 @@ def pytest_sessionfinish(session):
         import hypothesis.internal.observability  # noqa: F401
     gc.collect()
     gc.freeze()
+    api = sys.modules.get("jax._src.api")
+    if api is not None and hasattr(api, "clean_up"):
+        atexit.unregister(api.clean_up)
 
 
 def pytest_unconfigure(config):
