@@ -39,6 +39,7 @@ from jaxops.core.errors import BackendUnavailableError
 from jaxops.core.float_bits import largest_at_most
 from jaxops.core.impl_mode import OpImplMode
 from jaxops.core.registry import KernelFn, OpDef, on_op
+from jaxops.core.shape_trace import shapes_only
 from jaxops.native.pruned_call import pruned_ffi_call
 
 __all__ = ["KERNELS", "declined", "native_kernel", "register", "supports"]
@@ -269,7 +270,8 @@ def _native_kernel(op: OpDef, forward: Forward, mode: OpImplMode | None) -> Kern
         def unflat(args):
             return jax.tree_util.tree_unflatten(in_tree, list(args))
 
-        struct = jax.eval_shape(lambda *a: tuple(xla(*unflat(a), **attrs)), *leaves)
+        with shapes_only():  # the xla kernel's shapes, traced without its ladder's tiers
+            struct = jax.eval_shape(lambda *a: tuple(xla(*unflat(a), **attrs)), *leaves)
         if jax.eval_shape(lambda *a: forward(chosen, struct, *unflat(a), **attrs), *leaves) is None:
             return xla(*inputs, **attrs)
 

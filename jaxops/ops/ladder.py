@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops.core.shape_trace import tracing_shapes_only
+
 __all__ = ["LadderSettings", "climb", "pad_to", "settings", "tier_index", "tiers"]
 
 
@@ -105,9 +107,10 @@ def tier_index(count: jax.Array, steps: Sequence[int]) -> jax.Array:
 def climb(count: jax.Array, steps: Sequence[int], branch: Callable[[int], Any]) -> Any:
     """``branch(t)`` at the smallest tier ``t`` of ``steps`` that holds ``count`` (its
     maximum), chosen inside jit; ``branch`` must return the same shapes at every tier
-    (:func:`pad_to` the top tier). One tier: a plain call, no switch."""
-    if len(steps) == 1:
-        return branch(steps[0])
+    (:func:`pad_to` the top tier). One tier: a plain call, no switch; so is a trace for
+    the output's shapes only (:func:`~jaxops.core.shape_trace.shapes_only`): the top tier."""
+    if len(steps) == 1 or tracing_shapes_only():
+        return branch(steps[-1])
     return lax.switch(tier_index(count, steps), [lambda t=t: branch(t) for t in steps])
 
 
