@@ -74,7 +74,8 @@ class MeshAxis(Placement):
 
     def with_storage(self, table, storage, unrouted=None):
         if isinstance(table, ShardedHashTable):
-            count = table.unrouted if unrouted is None else table.unrouted + unrouted
+            count = table.unrouted if unrouted is None else (  # int32 with x64 on too
+                table.unrouted + jnp.asarray(unrouted, jnp.int32))
             return ShardedHashTable(storage, count, self, table.route_capacity)
         return ShardedHashTable(storage, replicated_int(self.mesh, 0), self)
 

@@ -206,6 +206,21 @@ def test_one_device_and_a_mesh_of_one_restore_onto_each_other(tmp_path, target_p
     assert (storage.load_policy, storage.max_load_factor) == ("error", 1.0)
 
 
+def test_a_mesh_tables_unrouted_count_stays_int32_with_x64_on(tmp_path):
+    """An update on a mesh adds its unrouted count in int32 with x64 on too: it became
+    int64 there, and the table's checkpoint then refused to load into a fresh table."""
+    with jax.enable_x64(True):
+        opt = ht.optim.adagrad(0.1)
+        t = _table(placement=_mesh())
+        keys = np.array(sorted(_entries(t))[:3], np.int64)
+        t, s = opt.update(t, opt.init(t), ht.locate(t, keys), jnp.ones((3, DIM), jnp.float32))
+        assert t.unrouted.dtype == np.int32
+        ht.save({"t": t, "s": s}, tmp_path / "c")
+        fresh = ht.init_table(16, DIM, initializer_mode="constant", placement=_mesh())
+        back = ht.load(tmp_path / "c", jax.eval_shape(lambda: {"t": fresh, "s": opt.init(fresh)}))
+        assert _entries(back["t"], back["s"]) == _entries(t, s)
+
+
 def test_another_size_re_owns_keys_with_their_optimizer_state(tmp_path):
     opt = ht.optim.adam(0.1)
     t = ht.init_table(16, DIM, initializer_mode="constant", constant_value=0.25)
@@ -311,8 +326,8 @@ def test_optimizer_states_go_with_the_nearest_table_of_their_layout():
 
 def test_a_target_that_differs_from_the_checkpoint_is_refused_by_name(tmp_path):
     t = _table()
-    ht.save({"t": t, "w": jnp.zeros((2, 3))}, tmp_path / "c")
-    like = jax.eval_shape(lambda: {"t": t, "w": jnp.zeros((2, 3))})
+    ht.save({"t": t, "w": jnp.zeros((2, 3), jnp.float32)}, tmp_path / "c")
+    like = jax.eval_shape(lambda: {"t": t, "w": jnp.zeros((2, 3), jnp.float32)})
     with pytest.raises(CheckpointError, match=r"\['w'\]: the checkpoint holds \[2, 3\] float32, "
                                               r"the target \[3, 2\] float32"):
         ht.load(tmp_path / "c", {**like, "w": jax.ShapeDtypeStruct((3, 2), jnp.float32)})
