@@ -1,5 +1,6 @@
 """Op-matrix rows of the hash tables: export (a CANN op) and the differentiable gather."""
 
+import jax
 import numpy as np
 
 import jaxops
@@ -28,6 +29,8 @@ def _export(tables, **attrs):
 def _export_reference(tables, **attrs):
     out = RefTable.from_table(tables[0]).export(attrs.get("export_mode", "all"),
                                                 attrs.get("filtered_export_flag", False))
+    if jax.config.jax_enable_x64:  # 64-bit keys and counters as they are
+        return [out["keys"], out["counters"], out["filter_flags"], out["values"]]
     wide = lambda a: np.ascontiguousarray(a).view(np.uint32).reshape(-1, 2)  # noqa: E731 x64 off
     return [wide(out["keys"]), wide(out["counters"]), out["filter_flags"], out["values"]]
 
