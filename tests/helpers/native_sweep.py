@@ -92,10 +92,13 @@ def mismatch(got, want) -> str | None:
     got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
     if got.shape != want.shape:
         return f"shape {got.shape}, numpy {want.shape}"
-    if want.dtype.kind in "biu":
-        same = got.astype(np.int64) == want.astype(np.int64)
+    if want.dtype.kind in "biu":  # numpy compares mixed integer widths by value
+        same = (got if got.dtype.kind in "biu" else got.astype(np.int64)) == want
     elif got.dtype != want.dtype:
         return f"dtype {got.dtype}, numpy {want.dtype}"
+    elif want.dtype.itemsize in (1, 2, 4, 8):  # the bits as one unsigned word each
+        word = np.dtype(f"u{want.dtype.itemsize}")
+        same = got.view(word) == want.view(word)
     else:
         as_bytes = lambda a: a.view(np.uint8).reshape(a.shape + (a.dtype.itemsize,))
         same = (as_bytes(got) == as_bytes(want)).all(axis=-1)
@@ -126,41 +129,63 @@ def dyn_mismatch(name: str, out, want: np.ndarray, axis: int, count: int) -> str
     return found and f"{name}: {found}"
 
 
+def _runs(name: str, run, repeats: int, compare) -> str | None:
+    """``compare(run())`` on each of ``repeats`` runs (the reference computed once by the
+    caller): None when every run is right, else how many were wrong and the first finding."""
+    wrong = [m for m in (compare(run()) for _ in range(repeats)) if m]
+    if not wrong:
+        return None
+    return wrong[0] if repeats == 1 else f"{len(wrong)} of {repeats} runs of {name} wrong; " \
+                                         f"first: {wrong[0]}"
+
+
 def nonzero_mismatch(x: np.ndarray, backend: str, *, layout: str = "flat",
-                     size: int | None = None) -> str | None:
+                     size: int | None = None, repeats: int = 1) -> str | None:
     """NonZero on ``backend`` (``layout``: "flat" flatnonzero, "onnx" nonzero, "argwhere")
-    against numpy: the count, the first ``size`` indices and the padding after them."""
+    against numpy: the count, the first ``size`` indices and the padding after them, on each
+    of ``repeats`` runs."""
     fn = {"flat": jaxops.flatnonzero, "onnx": jaxops.nonzero, "argwhere": jaxops.argwhere}[layout]
-    with expected_truncation():
-        out = fn(x, size=size, overflow="truncate", backend=backend)
     coords = np.stack(np.nonzero(is_nonzero(x))).astype(np.int64)
     want, axis = {"flat": (np.flatnonzero(is_nonzero(x)), 0), "onnx": (coords, 1),
                   "argwhere": (coords.T, 0)}[layout]
-    return dyn_mismatch(f"{layout} on {backend}", out, want, axis, want.shape[axis])
+    name = f"{layout} on {backend}"
+
+    def run():
+        with expected_truncation():
+            return fn(x, size=size, overflow="truncate", backend=backend)
+    return _runs(name, run, repeats,
+                 lambda out: dyn_mismatch(name, out, want, axis, want.shape[axis]))
 
 
 def masked_select_mismatch(x: np.ndarray, mask: np.ndarray, backend: str,
-                           size: int | None = None) -> str | None:
+                           size: int | None = None, repeats: int = 1) -> str | None:
     """MaskedSelect on ``backend`` against numpy's ``x[mask]``: the count, the first
-    ``size`` elements (bit for bit) and the padding after them."""
-    with expected_truncation():
-        out = jaxops.masked_select(x, mask, size=size, overflow="truncate", backend=backend)
+    ``size`` elements (bit for bit) and the padding after them, on each of ``repeats`` runs."""
     want = x[mask]
-    return dyn_mismatch(f"masked_select on {backend}", out, want, 0, want.size)
+    name = f"masked_select on {backend}"
+
+    def run():
+        with expected_truncation():
+            return jaxops.masked_select(x, mask, size=size, overflow="truncate", backend=backend)
+    return _runs(name, run, repeats, lambda out: dyn_mismatch(name, out, want, 0, want.size))
 
 
-def unique_mismatch(x: np.ndarray, backend: str) -> str | None:
+def unique_mismatch(x: np.ndarray, backend: str, repeats: int = 1) -> str | None:
     """Unique (sorted, every output) on ``backend`` against ``np.unique`` of an input
-    without NaN or -0.0 (where numpy's equality is ONNX's)."""
-    y, first, inverse, counts = jaxops.unique(x, return_index=True, return_inverse=True,
-                                              return_counts=True, backend=backend)
+    without NaN or -0.0 (where numpy's equality is ONNX's), on each of ``repeats`` runs."""
     want = np.unique(x, return_index=True, return_inverse=True, return_counts=True)
-    for name, got, ref in zip(("y", "first", "inverse", "counts"),
-                              jaxops.refresh((y, first, inverse, counts)), want):
-        found = mismatch(got, ref.reshape(-1))
-        if found:
-            return f"unique {name} on {backend}: {found}"
-    return None
+
+    def run():
+        return jaxops.refresh(jaxops.unique(x, return_index=True, return_inverse=True,
+                                            return_counts=True, backend=backend))
+
+    def compare(outs):
+        for name, got, ref in zip(("y", "first", "inverse", "counts"), outs, want):
+            found = mismatch(got, ref.reshape(-1))
+            if found:
+                return f"unique {name} on {backend}: {found}"
+        return None
+    return _runs(f"unique on {backend}", run, repeats, compare)
 
 
 def np_unique(x: np.ndarray, *, sorted: bool = True, size: int | None = None,
