@@ -13,10 +13,9 @@ import pytest
 
 import jaxops
 import jaxops.hashtable as ht
-from jaxops import native
-from jaxops.core.backend_table import use_backend
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.embedding import EmbeddingCollection, TableConfig
+from tests.helpers.walk_paths import PATHS, on_path
 
 HALF = [jnp.bfloat16, jnp.float16]
 NP = {jnp.bfloat16: ml_dtypes.bfloat16, jnp.float16: np.float16}
@@ -82,13 +81,8 @@ def test_reads_give_float32_rows_exactly_on_both_paths(dtype=jnp.bfloat16):
     t, vals = _filled(dtype)
     want = np.concatenate([vals[:2], vals[:1], vals[2:]])  # KEYS: 11, 5, 11, -7, 2**40
     outs = []
-    for path in ("native", "xla"):
-        if path == "native" and not native.available():
-            continue
-        with use_backend(path):
-            jax.clear_caches()
-            new, rows, slots, found, hit, gathered = _reads(t)
-        jax.clear_caches()
+    for path in PATHS:
+        new, rows, slots, found, hit, gathered = on_path(path, lambda: _reads(t))
         assert rows.dtype == found.dtype == gathered.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(rows), want)
         np.testing.assert_array_equal(np.asarray(found), want)
