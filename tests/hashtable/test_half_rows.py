@@ -13,14 +13,14 @@ import pytest
 
 import jaxops
 import jaxops.hashtable as ht
-from jaxops import native
-from jaxops.core.backend_table import use_backend
 from jaxops.core.errors import OpArgumentError, OpDTypeError
 from jaxops.embedding import EmbeddingCollection, TableConfig
+from tests.helpers.walk_paths import PATHS, on_path
 
 HALF = [jnp.bfloat16, jnp.float16]
 NP = {jnp.bfloat16: ml_dtypes.bfloat16, jnp.float16: np.float16}
 KEYS = np.array([11, 5, 11, -7, 2**40], np.int64)
+ADAGRAD = ht.optim.adagrad(0.1)  # one instance: the tests share its programs
 
 
 def _filled(dtype, rows=32, dim=3):
@@ -82,13 +82,8 @@ def test_reads_give_float32_rows_exactly_on_both_paths(dtype=jnp.bfloat16):
     t, vals = _filled(dtype)
     want = np.concatenate([vals[:2], vals[:1], vals[2:]])  # KEYS: 11, 5, 11, -7, 2**40
     outs = []
-    for path in ("native", "xla"):
-        if path == "native" and not native.available():
-            continue
-        with use_backend(path):
-            jax.clear_caches()
-            new, rows, slots, found, hit, gathered = _reads(t)
-        jax.clear_caches()
+    for path in PATHS:
+        new, rows, slots, found, hit, gathered = on_path(path, lambda: _reads(t))
         assert rows.dtype == found.dtype == gathered.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(rows), want)
         np.testing.assert_array_equal(np.asarray(found), want)
@@ -138,7 +133,7 @@ def test_import_rounds_to_nearest_and_counts(dtype):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_cann_bytes_convert_exactly_both_ways(dtype):
-    t, vals = _filled(dtype, rows=16)
+    t, vals = _filled(dtype)
     buf = ht.cann.to_cann_bytes(t)
     # the bytes of a float32 table holding the same (widened) rows
     wide = t.replace(values=t.values.astype(jnp.float32))
@@ -166,7 +161,7 @@ def test_cann_bytes_not_held_by_the_half_dtype_are_refused_or_rounded():
 
 
 def test_evict_resize_and_growth_keep_the_dtype():
-    t, vals = _filled(jnp.bfloat16, rows=16)
+    t, vals = _filled(jnp.bfloat16)  # every test's table: the same programs
     e = ht.evict(t, KEYS[:1])
     assert e.values.dtype == jnp.bfloat16 and int(e.live) == 3
     low = ht.evict_lowest(t, 1)
@@ -174,19 +169,19 @@ def test_evict_resize_and_growth_keep_the_dtype():
     big = ht.resize(t, 64)
     assert big.values.dtype == jnp.bfloat16 and big.bucket_size == 64
     np.testing.assert_array_equal(np.asarray(ht.find(big, KEYS[[0, 1, 3, 4]])[0]), vals)
-    opt = ht.optim.adagrad(0.1)
-    grown, (state,) = ht.resize(t, 32, states=[(opt.init(t), opt.init)])
+    opt = ADAGRAD
+    grown, (state,) = ht.resize(t, 64, states=[(opt.init(t), opt.init)])
     assert grown.values.dtype == jnp.bfloat16 and state.sum_of_squares.dtype == jnp.float32
     assert state.rounding is not None
 
 
 def test_checkpoint_round_trip_and_wrong_dtype_target(tmp_path):
-    t, vals = _filled(jnp.bfloat16, rows=16)
-    opt = ht.optim.adagrad(0.1)
+    t, vals = _filled(jnp.bfloat16)
+    opt = ADAGRAD
     slots = ht.lookup_or_insert(t, KEYS)[2].slots
     t, state = opt.update(t, opt.init(t), slots, jnp.full((5, 3), 0.01))
     ht.save({"table": t, "opt": state}, os.fspath(tmp_path / "a"))
-    fresh = ht.init_table(16, 3, initializer_mode="constant", dtype=jnp.bfloat16)
+    fresh = ht.init_table(32, 3, initializer_mode="constant", dtype=jnp.bfloat16)
     back = ht.load(os.fspath(tmp_path / "a"), {"table": fresh, "opt": opt.init(fresh)})
     np.testing.assert_array_equal(np.asarray(back["table"].values), np.asarray(t.values))
     assert int(back["opt"].rounding) == 1
@@ -197,7 +192,7 @@ def test_checkpoint_round_trip_and_wrong_dtype_target(tmp_path):
     assert lone.values.dtype == jnp.bfloat16
     with pytest.raises(OpArgumentError, match="expected a table of bfloat16 rows .as saved., "
                        "got float32 rows"):
-        ht.load(os.fspath(tmp_path / "b"), ht.init_table(16, 3, initializer_mode="constant"))
+        ht.load(os.fspath(tmp_path / "b"), ht.init_table(32, 3, initializer_mode="constant"))
 
 
 def test_a_table_on_a_mesh_keeps_half_rows():

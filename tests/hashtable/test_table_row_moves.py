@@ -14,10 +14,10 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops import native
-from jaxops.core.backend_table import use_backend
 from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
 from jaxops.hashtable._table.buffers import copied, filled
 from jaxops.hashtable._walks.row_gather import put_each, take_each
+from tests.helpers.walk_paths import on_path
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason=f"native kernels unavailable: {native.why_unavailable()}")
@@ -48,11 +48,8 @@ def test_native_row_moves_equal_xla():
     at = jnp.asarray(rng.integers(0, ROWS, 300, dtype=np.int32))
     write = jnp.asarray(np.where(rng.random(300) < 0.3, ROWS, rng.permutation(ROWS)[:300]),
                         jnp.int32)  # distinct slots, some not written
-    native_out = _moves(_arrays(), at, write)
-    with use_backend("xla"):
-        jax.clear_caches()
-        xla_out = _moves(_arrays(), at, write)
-    jax.clear_caches()
+    native_out = on_path("native", lambda: _moves(_arrays(), at, write))
+    xla_out = on_path("xla", lambda: _moves(_arrays(), at, write))
     chex.assert_trees_all_equal(native_out, xla_out)
 
 
@@ -91,10 +88,8 @@ def test_a_donated_embedding_step_copies_nothing_of_the_tables_size(path):
         grads = {f: jnp.ones_like(r) for f, r in looked.rows.items()}
         return coll.apply_gradients(state, looked, grads)
 
-    with use_backend("xla" if path == "xla" else "auto"):
-        state = jax.eval_shape(coll.init, jax.random.key(0))
-        hlo = step.lower(state, jnp.zeros((2, 64), jnp.int32)).compile().as_text()
-    jax.clear_caches()
+    hlo = on_path(path, lambda: step.lower(jax.eval_shape(coll.init, jax.random.key(0)),
+                                           jnp.zeros((2, 64), jnp.int32)).compile().as_text())
     copies = [line for line in hlo.splitlines()
               if " copy(" in line and re.search(rf"\[{slots}[,\]]", line.split("=")[1])]
     assert copies == []

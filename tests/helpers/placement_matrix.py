@@ -62,6 +62,9 @@ NEW = np.concatenate([B2[:32], 2000 + np.arange(32)])
 PROBE = np.concatenate([B2[:24], EVICTED_KEYS[:16], 500 + np.arange(24)])  # and absent ones
 G, W = (_rng.standard_normal((BATCH, DIM)).astype(np.float32) for _ in range(2))
 ABSENT = 10**17  # a key no table holds
+#: The rows' optimizers: one instance per configuration, so rows share its programs.
+ADAGRAD, ADAGRAD_HALF = ht.optim.adagrad(0.1), ht.optim.adagrad(0.1, initial_accumulator_value=0.5)
+ADAM = ht.optim.adam(0.1)
 
 
 def placement_of(name: str) -> Any:
@@ -384,6 +387,13 @@ def _skipped(state: Any) -> int:
     return int(np.sum(ht.words.to_host_int64(state.skipped, signed=False), dtype=np.uint64))
 
 
+def _held(s: Start) -> tuple[np.ndarray, int]:
+    """The distinct keys of PROBE that the start holds, padded with ABSENT to BATCH keys
+    (the shape every row's batch has: the same programs), and how many they are."""
+    held = np.unique(PROBE[s.ref.locate(PROBE) >= 0])
+    return np.concatenate([held, np.full(BATCH - len(held), ABSENT)]), len(held)
+
+
 def _rebuilt(table: Any, placement: str, slots: int) -> ShardedRef:
     """The reference of ``table`` (as it is) rebuilt at ``slots`` slots."""
     return ShardedRef.of(placed_snapshot(table), shards_of(placement)).resize(slots, INIT)
@@ -394,18 +404,18 @@ def resize():
     """Twice the slots, with two optimizer states: each held key's adagrad and CANN AdamW
     rows move with it, the other slots get the states' initial rows, the beta powers stay,
     and the next step gives the rows the old table's next step gives."""
-    opt = ht.optim.adagrad(0.1, initial_accumulator_value=0.5)
+    opt = ADAGRAD_HALF
 
     def call(s):
         t, state = opt.update(s.table, opt.init(s.table), s.ref.locate(PROBE), G)
-        t, adam = ht.apply_adam_w(t, ht.adam_w_init(t), PROBE, G, lr=0.1, weight_decay=0.0)
+        t, adam = ht.apply_adam_w(t, ht.adam_w_init(t), PROBE, G, lr=0.1, weight_decay=0.01)
         big, (state2, adam2) = ht.resize(t, 2 * SLOTS, states=[(state, opt.init),
                                                                (adam, ht.adam_w_init)])
-        held = np.unique(PROBE[s.ref.locate(PROBE) >= 0])
-        old, new = (np.asarray(ht.locate(x, held)) for x in (t, big))
+        held, n = _held(s)
+        old, new = (np.asarray(ht.locate(x, held))[:n] for x in (t, big))
 
         def next_rows(x, state):
-            return ht.find(opt.update(x, state, ht.locate(x, held), G[:len(held)])[0], held)[0]
+            return np.asarray(ht.find(opt.update(x, state, ht.locate(x, held), G)[0], held)[0])[:n]
 
         acc = _flat(state2.sum_of_squares, big)
         return big, {"adagrad_rows": acc[new], "adam_w_m": _flat(adam2.m, big)[new],
@@ -472,7 +482,7 @@ def _row_step(rows: np.ndarray, state: dict, slots, grads, rule: str, lr=0.1) ->
 
 @row(close=("adagrad", "mu", "nu"), rtol=1e-5)
 def row_optimizers():  # adagrad, then adam twice (per-row step counts), slots repeated
-    ada, adam = ht.optim.adagrad(0.1), ht.optim.adam(0.1)
+    ada, adam = ADAGRAD, ADAM
 
     def call(s):
         slots, again = s.ref.locate(PROBE), s.ref.locate(B2)
@@ -501,14 +511,15 @@ def row_optimizers():  # adagrad, then adam twice (per-row step counts), slots r
 
 @row()
 def maintain():  # the "grow" policy between steps: twice the slots, the state with its keys
-    opt = ht.optim.adagrad(0.1, initial_accumulator_value=0.5)
+    opt = ADAGRAD_HALF
 
-    def call(s):
-        t = ht.set_load_policy(s.table, policy="grow")
-        t, state = opt.update(t, opt.init(t), s.ref.locate(PROBE), G)
+    def call(s):  # the step before the policy is set: resize's programs
+        t, state = opt.update(s.table, opt.init(s.table), s.ref.locate(PROBE), G)
+        held, n = _held(s)
+        old = np.asarray(ht.locate(t, held))[:n]
+        t = ht.set_load_policy(t, policy="grow")
         big, (state2,), report = ht.maintain(t, [(state, opt.init)], headroom=HEADROOM)
-        held = np.unique(PROBE[s.ref.locate(PROBE) >= 0])
-        old, new = (np.asarray(ht.locate(x, held)) for x in (t, big))
+        new = np.asarray(ht.locate(big, held))[:n]
         return big, {"action": report.action, "grown": report.grown,
                      "bucket_size": big.bucket_size,
                      "state_rows": _flat(state2.sum_of_squares, big)[new]}, (t, state, old)
@@ -521,6 +532,7 @@ def maintain():  # the "grow" policy between steps: twice the slots, the state w
     return call, expect
 
 
+FILLS = SLOTS // BATCH + 1  # batches of new keys: one more than the table holds
 HEADROOM = 160  # one doubling on every placement: past the limit of 256 slots, not of 512
 
 
@@ -531,7 +543,7 @@ def _leaves(tree: Any) -> dict:
 
 @row()
 def save_and_load():  # a table and its optimizer state through an Orbax checkpoint
-    opt = ht.optim.adagrad(0.1)
+    opt = ADAGRAD
 
     def call(s):
         t, state = opt.update(s.table, opt.init(s.table), s.ref.locate(PROBE), G)
@@ -548,10 +560,11 @@ def save_and_load():  # a table and its optimizer state through an Orbax checkpo
 
 @row()
 def lookup_or_insert_into_a_full_table():  # keys that find no slot are counted, in jit too
+    # a fresh table of the start's size (its programs), fed more new keys than it has slots
     def call(s):
-        t = ht.set_load_policy(_fresh(s.placement, BATCH)[0], max_load_factor=1.0)
+        t = ht.set_load_policy(_fresh(s.placement)[0], max_load_factor=1.0)
         unplaced = []
-        for i in range(3):
+        for i in range(FILLS):
             t, _, info = ht.lookup_or_insert(t, np.arange(BATCH) + 1000 * i, **COUNTER)
             unplaced.append(int(info.unplaced))
         dropped = jax.jit(lambda t: t.dropped)(t)
@@ -559,9 +572,9 @@ def lookup_or_insert_into_a_full_table():  # keys that find no slot are counted,
                    "counter64": isinstance(dropped, ht.words.Counter64)}, None
 
     def expect(ref, s, made):
-        ref = ShardedRef(shards_of(s.placement), np.full((BATCH, DIM), INIT, np.float32))
+        ref = ShardedRef(shards_of(s.placement), np.full((SLOTS, DIM), INIT, np.float32))
         unplaced = [ref.lookup_or_insert(np.arange(BATCH) + 1000 * i, **COUNTER)[1]["unplaced"]
-                    for i in range(3)]
+                    for i in range(FILLS)]
         return ref, {"unplaced": unplaced, "some": True, "dropped_in_jit": sum(unplaced),
                      "counter64": True}
     return call, expect

@@ -12,8 +12,8 @@ import pytest
 
 import jaxops.hashtable as ht
 from jaxops import native
-from jaxops.core.backend_table import use_backend
 from jaxops.hashtable._table.row_dtype import stochastic_round
+from tests.helpers.walk_paths import on_path
 
 HALF = [jnp.bfloat16, jnp.float16]
 NP = {jnp.bfloat16: ml_dtypes.bfloat16, jnp.float16: np.float16}
@@ -150,11 +150,8 @@ def test_native_and_xla_updates_round_alike():
             t, state = step(t, state, keys, jnp.full((5, 3), 0.1 * (i + 1)))
         return t.values
 
-    native_rows = run()
-    with use_backend("xla"):
-        jax.clear_caches()
-        xla_rows = run()
-    jax.clear_caches()
+    native_rows = on_path("native", run)
+    xla_rows = on_path("xla", run)
     np.testing.assert_array_equal(np.asarray(native_rows), np.asarray(xla_rows))
 
 
