@@ -37,9 +37,10 @@ def batches():
         yield keys, rng.standard_normal((64, DIM)).astype(np.float32)
 
 
-def train(table, state, ht, steps=range(STEPS)):
-    """The steps both runs take, jitted with table and state donated: insert (counter
-    admission), then AdamW by slot; 64-bit ids enter as word pairs."""
+@functools.cache
+def _step(ht):
+    """The jitted, donated train step (one function for every call of :func:`train`: each
+    shape and placement is traced once, not once a call)."""
     import jax
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -50,10 +51,16 @@ def train(table, state, ht, steps=range(STEPS)):
                                        slots=info.slots)
         return table, state, info
 
+    return step
+
+
+def train(table, state, ht, steps=range(STEPS)):
+    """The steps both runs take, jitted with table and state donated: insert (counter
+    admission), then AdamW by slot; 64-bit ids enter as word pairs."""
     info = None
     for i, (keys, grads) in enumerate(batches()):
         if i in steps:
-            table, state, info = step(table, state, ht.words.as_words(keys), grads)
+            table, state, info = _step(ht)(table, state, ht.words.as_words(keys), grads)
     return table, state, info
 
 
@@ -64,14 +71,21 @@ def fresh(ht, mesh):
     return {"table": table, "opt": ht.adam_w_init(table)}
 
 
+@functools.cache
+def _gather(mesh):
+    """A jitted copy replicated on every device of ``mesh`` (one function a mesh)."""
+    import jax
+
+    return jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+
+
 def keyed(state, ht) -> dict:
     """``{key: (counter, flags, row, m, v)}`` (bytes) of the live keys, gathered."""
     import jax
 
     t, opt = state["table"], state["opt"]
-    whole = jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
-        t.mesh, jax.sharding.PartitionSpec()))
-    get = lambda x: np.asarray(jax.device_get(whole(x)))  # noqa: E731
+    get = lambda x: np.asarray(jax.device_get(_gather(t.mesh)(x)))  # noqa: E731
     flags = get(t.shards.flags).reshape(-1)
     keys = ht.words.to_host_int64(ht.words.Words64(get(t.shards.key_lo).reshape(-1),
                                                    get(t.shards.key_hi).reshape(-1)))
