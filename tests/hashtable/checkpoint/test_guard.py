@@ -26,9 +26,10 @@ from tests.helpers.util import ROOT
 
 
 def _table(n: int):
-    """A table holding keys ``0..n-1``: its live count names the save it came from."""
+    """A table holding keys ``0..n-1``: its live count names the save it came from. (The
+    batch is always 9 keys, ``0..n-1`` repeated: one program for every ``n``.)"""
     t = ht.init_table(64, 2, initializer_mode="constant")
-    t, _, _ = ht.lookup_or_insert(t, np.arange(n, dtype=np.int64))
+    t, _, _ = ht.lookup_or_insert(t, np.arange(9, dtype=np.int64) % n)
     return t
 
 
