@@ -171,8 +171,11 @@ def kill(directory: str) -> None:
 
 def _fuzz(mode: str):
     def run(directory: str) -> None:
+        import jax
+
         from benchmarks import _checkpoint_child
 
+        jax.config.update("jax_enable_x64", False)  # as the benchmark runs its children
         _checkpoint_child.main(mode, "sharded", os.path.join(directory, "sharded"))
     return run
 
