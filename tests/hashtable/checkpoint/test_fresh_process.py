@@ -26,8 +26,6 @@ from benchmarks.checkpoint_adversary import PARTS, counterpart, damaged_copies
 from benchmarks.checkpoint_kills import sigkill_trial
 
 KILLS = 1  # the full trial is benchmarks/checkpoint_kills.py
-
-
 FUZZ = 12  # sharded corruptions a part (the full fuzz: python -m benchmarks --only ...)
 
 
