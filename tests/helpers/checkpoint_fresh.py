@@ -5,7 +5,8 @@
 A restore in the process that saved can be helped by TensorStore's caches (a byte flipped
 on disk after the save was once restored there without error), so these checks restore in
 a process that never saw the checkpoint:
-``python tests/helpers/checkpoint_fresh.py MODE DIR``.
+``python tests/helpers/checkpoint_fresh.py MODE[,MODE...] DIR`` (several modes: in turn, in
+one process; run with 4 forced host devices for the ``sharded`` modes).
 
 - ``resume``: restores step :data:`MID` of the run in ``DIR/run``, trains on to
   :data:`STEPS` and compares every leaf with ``DIR/expected.npz`` (the uninterrupted run),
@@ -13,6 +14,9 @@ a process that never saw the checkpoint:
 - ``corrupt``: restores every damaged copy of a checkpoint under ``DIR/cases`` and prints,
   per case, whether it was refused (``CheckpointError``), restored equal to the intact
   checkpoint, restored different (silently wrong) or failed otherwise;
+- ``make_sharded`` / ``restore_sharded``: the sharded corruption fuzz of
+  ``benchmarks/checkpoint_adversary.py`` in ``DIR/sharded`` (its child's ``make`` and
+  ``restore``: the cases to restore are read from stdin);
 - ``kill``: restores the latest step of ``DIR/kill`` (checking it against
   :func:`kill_state`), then saves step after step asynchronously until it is killed.
 
@@ -165,10 +169,23 @@ def kill(directory: str) -> None:
             step += 1
 
 
+def _fuzz(mode: str):
+    def run(directory: str) -> None:
+        import jax
+
+        from benchmarks import _checkpoint_child
+
+        jax.config.update("jax_enable_x64", False)  # as the benchmark runs its children
+        _checkpoint_child.main(mode, "sharded", os.path.join(directory, "sharded"))
+    return run
+
+
 if __name__ == "__main__":
-    mode, where = sys.argv[1], sys.argv[2]
+    modes, where = sys.argv[1], sys.argv[2]
     try:
-        {"resume": resume, "corrupt": corrupt, "kill": kill}[mode](where)
+        for mode in modes.split(","):
+            {"resume": resume, "corrupt": corrupt, "kill": kill, "make_sharded": _fuzz("make"),
+             "restore_sharded": _fuzz("restore")}[mode](where)
     except Exception:  # noqa: BLE001 - reported to the parent test
         print(json.dumps({"crash": traceback.format_exc()}), flush=True)
         sys.exit(1)

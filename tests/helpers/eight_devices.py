@@ -5,7 +5,7 @@
 ``python tests/helpers/eight_devices.py OUT CHECK...``: the placement matrix's rows on 8
 shards (``matrix.<row>``, ``tests/helpers/placement_matrix.py``) and the checks of
 ``tests/helpers/sharded_checks.py`` (the 2-process run starts first, beside them). Each
-check writes ``OUT/<check>.json`` (``{"check", "ok", "error", "seconds"}``) when it ends;
+check writes ``OUT/<check>.json`` (``{"check", "ok", "error", "seconds", "cpu"}``) when it ends;
 ``OUT/done.json`` holds the child's exit, wall and CPU seconds (its 2 processes included).
 
 A test run starts the child once, in the background, as soon as collection has found its
@@ -166,7 +166,7 @@ def main(out: str, names: list[str]) -> int:
 
     failed = 0
     for name in names:
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), _cpu()
         try:
             assert len(jax.devices()) >= 8, "run with 8 forced host devices (eight_devices.env)"
             if name not in checks:
@@ -177,6 +177,7 @@ def main(out: str, names: list[str]) -> int:
             row = {"check": name, "ok": False, "error": traceback.format_exc()}
             failed += 1
         row["seconds"] = round(time.perf_counter() - begin, 2)
+        row["cpu"] = round(_cpu() - cpu, 2)
         _write(out, f"{name}.json", row)
     _write(out, "done.json", {"rc": int(failed > 0), "cpu": round(_cpu(), 1),
                               "wall": round(time.perf_counter() - start_time, 1)})

@@ -525,19 +525,29 @@ def the_training_recipe_on_8_devices_equals_one_device():
     assert runs[1]["route_capacity"] is not None
 
 
-@check
-def two_processes_match_one_table():
-    """The 2-process run (``sharded_multiprocess.py``) has saved its state, 8 shards over 2
-    processes. Its last checkpoint restores onto 4 shards here and equals one unsharded
-    table fed the same batches."""
+def _two_processes_end() -> dict:
+    """The 2-process run's last checkpoint, restored here onto 8 shards once (both checks
+    below read it: restoring it onto another shard count is checked above and in the run)."""
     import orbax.checkpoint as ocp
 
     import tests.helpers.sharded_multiprocess as mp
 
-    with ocp.CheckpointManager(os.path.join(_two_processes_dir(), "run")) as mngr:
-        target = mp.fresh(ht, mesh_of(4))
-        loaded = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(target))["table"]
-    assert loaded.num_shards == 4 and loaded.bucket_size == mp.SLOTS
+    if "end" not in TWO_PROCESSES:
+        with ocp.CheckpointManager(os.path.join(_two_processes_dir(), "run")) as mngr:
+            TWO_PROCESSES["end"] = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(
+                jax.eval_shape(lambda: mp.fresh(ht, mesh_of(8)))))
+    return TWO_PROCESSES["end"]
+
+
+@check
+def two_processes_match_one_table():
+    """The 2-process run (``sharded_multiprocess.py``) has saved its state, 8 shards over 2
+    processes. Its last checkpoint restores here and equals one unsharded table fed the
+    same batches."""
+    import tests.helpers.sharded_multiprocess as mp
+
+    loaded = _two_processes_end()["table"]
+    assert loaded.num_shards == 8 and loaded.bucket_size == mp.SLOTS
     single, _ = fresh_pair(8)
     single, _, _ = mp.train(single, ht.adam_w_init(single), ht)
     same(entries(single, live_only=True), entries(loaded, live_only=True),
@@ -556,9 +566,8 @@ def resumed_on_2_shards_in_a_fresh_process():
 
     with ocp.CheckpointManager(os.path.join(_two_processes_dir(), "run")) as mngr:
         back = mngr.restore(mp.MID, args=ht.checkpoint.Restore(mp.fresh(ht, mesh_of(2))))
-        table, opt, _ = mp.train(back["table"], back["opt"], ht, range(mp.MID, mp.STEPS))
-        done = mngr.restore(mp.STEPS, args=ht.checkpoint.Restore(
-            jax.eval_shape(lambda: mp.fresh(ht, mesh_of(8)))))
+    table, opt, _ = mp.train(back["table"], back["opt"], ht, range(mp.MID, mp.STEPS))
+    done = _two_processes_end()
     got, want = mp.keyed({"table": table, "opt": opt}, ht), mp.keyed(done, ht)
     assert len(got) == int(done["table"].live) > 0
     if got != want:

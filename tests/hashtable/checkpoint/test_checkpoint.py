@@ -39,7 +39,8 @@ def _table(size=16, n=9, seed=0, placement=None):
                       placement=placement)
     t = ht.set_load_policy(t, max_load_factor=1.0)  # the layouts fill tables up to 16 of 16
     keys = rng.choice(2**40, n, replace=False).astype(np.int64) - 2**39
-    t, _, _ = ht.lookup_or_insert(t, keys)
+    # Always 16 keys (the first ones again after the n): one insert program for every n.
+    t, _, _ = ht.lookup_or_insert(t, np.resize(keys, 16))
     return ht.evict(t, keys[:1])
 
 
@@ -438,17 +439,20 @@ def test_probe_check_matches_brute_force(seed):
 @pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int16, np.float16, ml_dtypes.bfloat16,
                                    np.int32, np.uint32, np.float32, np.complex64])
 def test_device_and_host_checksums_agree_and_add_up_by_pieces(dtype):
+    # Every piece has 3 rows: one chunk_sums program a dtype for the pieces.
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((7, 5)) * 100).astype(dtype)
+    x = (rng.standard_normal((6, 5)) * 100).astype(dtype)
     whole = hex_sums(host_sums(x))
     assert hex_sums(np.asarray(array_sums([jnp.asarray(x)])[0])) == whole
     assert hex_sums(np.asarray(chunk_sums(jnp.asarray(x), 0))) == whole
     words = host_sums(x[:1]).size and (x.dtype.itemsize // 4 or 1) * 5
-    pieces = add_sums(chunk_sums(jnp.asarray(x[:3]), 0), chunk_sums(jnp.asarray(x[3:]),
-                                                                     3 * words))
-    assert hex_sums(pieces) == whole
-    again = np.asarray(chunk_sums(jnp.asarray(x[2:]), 2 * words, 1 * words))  # skips a row
-    assert hex_sums(add_sums(chunk_sums(jnp.asarray(x[:3]), 0), again)) == whole
+    first = chunk_sums(jnp.asarray(x[:3]), 0)
+    assert hex_sums(add_sums(first, chunk_sums(jnp.asarray(x[3:]), 3 * words))) == whole
+    # Overlapping pieces, each skipping the rows the one before holds (one row, two rows).
+    again = [np.asarray(chunk_sums(jnp.asarray(x[2:5]), 2 * words, 1 * words)),
+             np.asarray(chunk_sums(jnp.asarray(x[3:6]), 3 * words, 2 * words))]
+    assert hex_sums(add_sums(first, *again)) == whole
+    assert hex_sums(add_sums(first, again[0])) != whole  # the last row is missing
 
 
 def test_checksums_see_flipped_moved_and_missing_words():

@@ -1,11 +1,15 @@
 """Checkpoints restored in a fresh process (``tests/helpers/checkpoint_fresh.py``): an exact
-resume on one device, every corruption of every file refused (or harmless), and SIGKILLs
+resume on one device, every corruption of every file refused (or harmless), the sharded
+corruption fuzz of ``benchmarks/checkpoint_adversary.py`` in small form, and SIGKILLs
 during asynchronous saves.
 
 This process saves; a child that never saw the checkpoints restores them (in the saving
-process TensorStore's cache can hide a flipped byte).
+process TensorStore's cache can hide a flipped byte). Two children (4 forced host devices
+each) do all of it: the first resumes and makes the sharded checkpoint, the second
+restores every damaged copy (each child importing jax is most of their cost).
 """
 
+import collections
 import json
 import os
 import shutil
@@ -18,16 +22,20 @@ import pytest
 
 import jaxops.hashtable as ht
 import tests.helpers.checkpoint_fresh as fresh
-from benchmarks.checkpoint_adversary import counterpart
+from benchmarks.checkpoint_adversary import PARTS, counterpart, damaged_copies
 from benchmarks.checkpoint_kills import sigkill_trial
 
-KILLS = 2  # the full trial is benchmarks/checkpoint_kills.py
+KILLS = 1  # the full trial is benchmarks/checkpoint_kills.py
+FUZZ = 12  # sharded corruptions a part (the full fuzz: python -m benchmarks --only ...)
 
 
-def _child(mode: str, where, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, fresh.__file__, mode, str(where)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, JAX_PLATFORMS="cpu"), **kwargs)
+def _child(modes: str, where, stdin: str = "") -> tuple[list[dict], str]:
+    """Runs the fresh-process ``modes`` (4 forced host devices): their JSON lines, stderr."""
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    proc = subprocess.run([sys.executable, fresh.__file__, modes, str(where)], input=stdin,
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip()))
+    return _lines(proc.stdout), proc.stderr
 
 
 def _lines(out: str) -> list[dict]:
@@ -64,7 +72,8 @@ def _damaged_copies(intact, other, cases) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A run of :data:`fresh.STEPS` steps saved at every step, its final state, damaged
-    copies of step MID, and the child's verdicts on resume and on every copy."""
+    copies of step MID and of the sharded checkpoint, and the children's verdicts on
+    resume and on every copy."""
     where = tmp_path_factory.mktemp("fresh")
     state = fresh.fresh_state()
     with ocp.CheckpointManager(where / "run") as mngr:
@@ -77,11 +86,16 @@ def run(tmp_path_factory):
     (where / "cases").mkdir()
     made = _damaged_copies(where / "intact", where / "run" / str(fresh.STEPS) / "default",
                            where / "cases")
-    resume = _child("resume", where)
-    corrupt = _child("corrupt", where)
-    out = {mode: proc.communicate(timeout=600) for mode, proc in (("resume", resume),
-                                                                   ("corrupt", corrupt))}
-    return where, made, {mode: _lines(o) or [{"crash": e[-3000:]}] for mode, (o, e) in out.items()}
+    (where / "sharded").mkdir()
+    first, err = _child("resume,make_sharded", where)
+    made_sharded = (where / "sharded" / "a").exists()
+    fuzz = damaged_copies(str(where / "sharded"), FUZZ, seed=7) if made_sharded else {}
+    second, err2 = _child("corrupt,restore_sharded", where, "\n".join(sorted(fuzz)) + "\n")
+    rows = {"resume": [r for r in first if "check" in r] or [{"crash": first, "err": err[-3000:]}],
+            "corrupt": [r for r in second if "case" in r and r["case"] in made] or
+            [{"crash": second[-1:], "err": err2[-3000:]}],
+            "sharded": [r for r in second if "case" in r and r["case"] in fuzz]}
+    return where, made, rows, fuzz, second[-1:] + [err2[-3000:]]
 
 
 def test_a_resume_in_a_fresh_process_is_bit_identical(run):
@@ -95,7 +109,7 @@ def test_every_damaged_file_is_refused_or_harmless(run):
     for bit, never a different state or another error. A data file (and jaxops.json) the
     restore reads is refused whatever its damage; the per-process files that Orbax's merge
     left behind are not read at all (every damage of one is harmless)."""
-    _, made, rows = run
+    _, made, rows, *_ = run
     outcomes = {row["case"]: row for row in rows["corrupt"] if "case" in row}
     assert set(outcomes) == set(made), rows["corrupt"][-1:]
     bad = {name: (made[name], row["outcome"], row["why"]) for name, row in outcomes.items()
@@ -111,13 +125,36 @@ def test_every_damaged_file_is_refused_or_harmless(run):
                                      for rel, seen in data.items() if seen == {"refused"}}, data
 
 
+def test_sharded_corruptions_are_refused_or_harmless(run):
+    """The adversary's corruption fuzz on a table over 4 devices (bit flips at random places
+    and in named header fields, truncation, files from another checkpoint, shard data
+    exchanged, files removed, re-signed never-valid header fields): every damaged copy is
+    refused or comes back bit for bit."""
+    fuzz, rows = run[3], {row["case"]: row for row in run[2]["sharded"]}
+    assert fuzz and set(rows) == set(fuzz), run[4]
+    found = {part: collections.Counter() for part in PARTS}
+    for case, (part, how) in fuzz.items():
+        found[part][rows[case]["outcome"]] += 1
+    bad = [(how, rows[case]) for case, (_, how) in fuzz.items()
+           if rows[case]["outcome"] not in ("refused", "equal")]
+    assert not bad, bad[:5]
+    for part in PARTS:
+        assert sum(found[part].values()) == FUZZ
+        assert found[part]["refused"] > 0, (part, found[part])  # the fuzz does damage
+
+
 def test_sigkill_during_asynchronous_saves_leaves_the_previous_step(tmp_path):
-    """2 SIGKILLs at random moments of a run saving asynchronously: each new process
-    restores the latest step and finds it exact; temporary directories never pile up.
-    (The full trial, 20 kills, is the benchmark ``benchmarks/checkpoint_kills.py``.)"""
+    """A SIGKILL at a random moment of a run saving asynchronously, resumed from a step
+    this process saved: each new process restores the latest step and finds it exact;
+    temporary directories never pile up. (The full trial, 20 kills, is the benchmark
+    ``benchmarks/checkpoint_kills.py``; here the first process restores a step too, so
+    one kill exercises what two did when the first process found none.)"""
+    with ocp.CheckpointManager(tmp_path / "kill") as mngr:
+        mngr.save(1, args=ht.checkpoint.Save(fresh.kill_state(1)))
+        mngr.wait_until_finished()
     trial = sigkill_trial(str(tmp_path), KILLS)
     assert trial["failure"] is None, trial["failure"]
     verified = trial["verified"]
-    assert verified[0] is None and all(v is not None for v in verified[2:]), verified
-    assert verified == sorted(verified, key=lambda v: v or 0), verified
+    assert len(verified) == KILLS + 1 and verified[0] == 1, verified
+    assert verified == sorted(verified) and None not in verified, verified
     assert max(trial["temporaries"]) <= 2, trial  # the one being written (and one cleaning)

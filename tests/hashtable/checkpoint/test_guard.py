@@ -26,9 +26,10 @@ from tests.helpers.util import ROOT
 
 
 def _table(n: int):
-    """A table holding keys ``0..n-1``: its live count names the save it came from."""
+    """A table holding keys ``0..n-1``: its live count names the save it came from. (The
+    batch is always 9 keys, ``0..n-1`` repeated: one program for every ``n``.)"""
     t = ht.init_table(64, 2, initializer_mode="constant")
-    t, _, _ = ht.lookup_or_insert(t, np.arange(n, dtype=np.int64))
+    t, _, _ = ht.lookup_or_insert(t, np.arange(9, dtype=np.int64) % n)
     return t
 
 
@@ -115,38 +116,117 @@ def test_saves_from_threads_take_turns(tmp_path):
 
 
 _SAVER = textwrap.dedent("""
-    import sys, numpy as np
+    import resource, signal, sys, numpy as np
     sys.path.insert(0, {root!r})
+    import jax.numpy as jnp
     import jaxops.hashtable as ht
-    n = int(sys.argv[1])
+    n, turns, then = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     t = ht.init_table(64, 2, initializer_mode="constant")
     t, _, _ = ht.lookup_or_insert(t, np.arange(n, dtype=np.int64))
     print("ready", flush=True)
     sys.stdin.readline()
     for _ in range(3):
-        ht.save(t, sys.argv[2], force=True)
+        ht.save(t, turns, force=True)
     print("done", flush=True)
+    what = sys.stdin.readline().strip()
+    if what == "fsize":  # a real write failure: RLIMIT_FSIZE, EFBIG from TensorStore
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        big = ht.init_table(1 << 15, 16, initializer_mode="constant")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
+        try:
+            ht.save(big, then)
+        except OSError as e:
+            print("OSError", e.errno, e.filename, flush=True)
+    elif what == "kill":  # a forced save the test kills midway
+        state = {{"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),
+                  "w": jnp.ones((2048, 4096))}}
+        print("saving", flush=True)
+        ht.save(state, then, force=True)
 """)
 
 
-def test_saves_from_processes_take_turns(tmp_path):
+@pytest.fixture(scope="module")
+def savers(tmp_path_factory):
+    """Two saver processes and this one (three processes) save to one path at once, three
+    times each; then one of them saves under a file size limit, and the other is killed
+    while a forced save replaces a checkpoint. (Two child processes for the three tests:
+    each new process imports jax, the tests' main cost.)"""
+    script, turns, fsize, kill = (tmp_path_factory.mktemp(n) for n in
+                                  ("script", "turns", "fsize", "kill"))
+    (script / "saver.py").write_text(_SAVER.format(root=ROOT))
+    ht.save(_table(9), turns / "c")
+    ht.save(_table(6), kill / "c")
+    procs = [subprocess.Popen([sys.executable, str(script / "saver.py"), str(n), str(turns / "c"),
+                               str(then)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+             for n, then in ((1, fsize / "big"), (2, kill / "c"))]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for _ in range(3):  # the third process: this one
+            ht.save(_table(3), turns / "c", force=True)
+        done = [p.stdout.readline().strip() for p in procs]
+        out = {"turns": (done, int(ht.load(turns / "c").live), _leftovers(turns))}
+        procs[0].stdin.write("fsize\n")
+        procs[0].stdin.flush()
+        out["fsize"] = (procs[0].communicate(timeout=300)[0].split(), procs[0].returncode,
+                        os.listdir(fsize), str(fsize / "big"))
+        child = procs[1]
+        child.stdin.write("kill\n")
+        child.stdin.flush()
+        out["saving"] = child.stdout.readline().strip()
+        deadline = time.monotonic() + 120
+        while not any("tmp" in n or "replacing" in n for n in os.listdir(kill)) and \
+                child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out, kill
+
+
+def test_saves_from_processes_take_turns(savers):
     """Three processes save to one path, three times each, released together: every save
     completes in turn and the path holds a whole checkpoint of one of them."""
-    script = tmp_path / "saver.py"
-    script.write_text(_SAVER.format(root=ROOT))
-    ht.save(_table(9), tmp_path / "c")
-    procs = [subprocess.Popen([sys.executable, str(script), str(n), str(tmp_path / "c")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, JAX_PLATFORMS="cpu")) for n in (1, 2, 3)]
-    for p in procs:
-        assert p.stdout.readline().strip() == "ready"
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0] and all("done" in o for o in outs)
-    assert int(ht.load(tmp_path / "c").live) in (1, 2, 3)
-    assert _leftovers(tmp_path) == ["saver.py"] or _leftovers(tmp_path) == []
+    done, live, leftovers = savers[0]["turns"]
+    assert done == ["done", "done"] and live in (1, 2, 3) and leftovers == []
+
+
+def test_a_file_size_limit_fails_the_save_cleanly(savers):
+    """A real write failure (RLIMIT_FSIZE: EFBIG from TensorStore) in a child process."""
+    out, code, left, big = savers[0]["fsize"]
+    assert out == ["OSError", "27", big] and code == 0 and left == [], out
+
+
+def test_a_forced_save_killed_midway_leaves_a_whole_checkpoint(savers):
+    """SIGKILL while the replacement is written beside the old one, or swapped in: the
+    path holds a whole checkpoint, the old or the new; the next forced save clears what the
+    killed one left."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxops.hashtable.checkpoint._meta import read_meta
+
+    def big():
+        return {"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),
+                "w": jnp.ones((2048, 4096))}
+
+    out, where = savers
+    assert out["saving"] == "saving"
+    if "~root" in read_meta(where / "c")["tables"]:
+        assert int(ht.load(where / "c").live) == 6  # the old one
+    else:
+        back = ht.load(where / "c", jax.eval_shape(big))  # the new one, whole
+        assert float(back["w"][0, 0]) == 1.0
+    ht.save(_table(7), where / "c", force=True)
+    assert int(ht.load(where / "c").live) == 7 and _leftovers(where) == []
 
 
 def test_a_failed_save_leaves_nothing_and_names_its_path(tmp_path, monkeypatch):
@@ -165,67 +245,6 @@ def test_a_failed_save_leaves_nothing_and_names_its_path(tmp_path, monkeypatch):
         assert _leftovers(tmp_path) == [] and not (tmp_path / "new").exists()
     monkeypatch.undo()
     assert int(ht.load(tmp_path / "c").live) == 4
-
-
-def test_a_file_size_limit_fails_the_save_cleanly(tmp_path):
-    """A real write failure (RLIMIT_FSIZE: EFBIG from TensorStore) in a child process."""
-    code = textwrap.dedent(f"""
-        import resource, signal, sys, numpy as np
-        sys.path.insert(0, {ROOT!r})
-        import jaxops.hashtable as ht
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        t = ht.init_table(1 << 15, 16, initializer_mode="constant")
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
-        try:
-            ht.save(t, {str(tmp_path / 'big')!r})
-        except OSError as e:
-            print("OSError", e.errno, e.filename)
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert out.stdout.split() == ["OSError", "27", str(tmp_path / "big")], out.stderr[-2000:]
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_forced_save_killed_midway_leaves_a_whole_checkpoint(tmp_path):
-    """SIGKILL while the replacement is written beside the old one, or swapped in: the
-    path holds a whole checkpoint, the old or the new; the next forced save clears what the
-    killed one left."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxops.hashtable.checkpoint._meta import read_meta
-
-    def big():
-        return {"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),
-                "w": jnp.ones((2048, 4096))}
-
-    ht.save(_table(6), tmp_path / "c")
-    code = textwrap.dedent(f"""
-        import sys, jax.numpy as jnp
-        sys.path.insert(0, {ROOT!r})
-        import jaxops.hashtable as ht
-        state = {{"t": ht.init_table(1 << 16, 64, initializer_mode="constant"),
-                  "w": jnp.ones((2048, 4096))}}
-        print("saving", flush=True)
-        ht.save(state, {str(tmp_path / 'c')!r}, force=True)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert child.stdout.readline().strip() == "saving"
-    deadline = time.monotonic() + 120
-    while not any("tmp" in n or "replacing" in n for n in os.listdir(tmp_path)) and \
-            child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    if "~root" in read_meta(tmp_path / "c")["tables"]:
-        assert int(ht.load(tmp_path / "c").live) == 6  # the old one
-    else:
-        back = ht.load(tmp_path / "c", jax.eval_shape(big))  # the new one, whole
-        assert float(back["w"][0, 0]) == 1.0
-    ht.save(_table(7), tmp_path / "c", force=True)
-    assert int(ht.load(tmp_path / "c").live) == 7 and _leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("kind", ["fifo", "file", "missing"])

@@ -3,6 +3,7 @@ from its home) and CANN bucket arrays with keys beyond their window: refused in 
 an error that says why and what to do; a checkpoint loads onto another size, every key
 placed again in its window. A table written now round-trips as before."""
 
+import functools
 import os
 
 import jax
@@ -17,6 +18,7 @@ from tests.helpers.hashtable_reference import WINDOW
 SIZE, HOME = 2_048, 1_000
 
 
+@functools.cache  # the tests only read it (4M candidate keys hashed once, not per test)
 def _old_table():
     """WINDOW + 1 keys homed at HOME, as the wider bound placed them: the last one in slot
     HOME + WINDOW, one slot beyond its window (written into the arrays directly; the rest
