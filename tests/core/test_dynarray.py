@@ -26,14 +26,22 @@ def _np_wire(data, actual, fill):
     return out
 
 
+def _properties(d):
+    """numel, valid_mask, overflowed and lost of ``d``, in one program (each eager call
+    would trace and lower its own: the values are the same)."""
+    return jax.jit(lambda d: (d.numel(), d.valid_mask(), d.overflowed(), d.lost()))(d)
+
+
 def test_basic_properties():
     d = DynArray(jnp.zeros((4, 3), jnp.float32), [2, 3], fill_value=-1.0)
     assert d.max_shape == (4, 3) and d.ndim == 2 and d.dtype == jnp.float32
-    assert d.actual_shape.dtype == jnp.int32 and int(d.numel()) == 6
-    np.testing.assert_array_equal(d.valid_mask(), np.arange(12).reshape(4, 3) < 6)
+    numel, mask, _, _ = _properties(d)
+    assert d.actual_shape.dtype == jnp.int32 and int(numel) == 6
+    np.testing.assert_array_equal(mask, np.arange(12).reshape(4, 3) < 6)
     f = DynArray.full(jnp.ones((2, 2)))
-    assert f.actual_shape.tolist() == [2, 2] and bool(f.valid_mask().all())
-    assert not bool(f.overflowed()) and int(f.lost()) == 0
+    _, mask, overflowed, lost = _properties(f)
+    assert f.actual_shape.tolist() == [2, 2] and bool(mask.all())
+    assert not bool(overflowed) and int(lost) == 0
 
 
 def test_constructor_checks_rank():
@@ -94,7 +102,7 @@ def test_at_bounds():
         err.throw()
 
 
-_TO_WIRE = jax.jit(DynArray.to_wire)
+_TO_WIRE = jax.jit(lambda d: (d.to_wire(), d.valid_mask()))  # one program per max shape
 _FROM_WIRE = jax.jit(lambda w, a, shape: DynArray.from_wire(w, shape, a, fill_value=-7),
                      static_argnums=2)
 
@@ -107,10 +115,13 @@ def test_wire_round_trip_every_rank(rank):
     max_shape = tuple(int(d) for d in rng.integers(rank % 2 == 1, 4, rank))
     for _ in range(3):
         d, data, actual = _random_dyn(rng, rank, max_shape=max_shape)
-        wire = _TO_WIRE(d)
+        wire, mask = _TO_WIRE(d)
         np.testing.assert_array_equal(wire, _np_wire(data, actual, -7))
+        want_mask = np.zeros(data.shape, bool)
+        want_mask[tuple(slice(0, a) for a in actual)] = True
+        np.testing.assert_array_equal(mask, want_mask)
         back = _FROM_WIRE(wire, d.actual_shape, data.shape)
-        np.testing.assert_array_equal(back.data, np.where(np.asarray(d.valid_mask()), data, -7))
+        np.testing.assert_array_equal(back.data, np.where(want_mask, data, -7))
         np.testing.assert_array_equal(refresh(back), data[tuple(slice(0, a) for a in actual)])
 
 
@@ -134,27 +145,32 @@ def test_vmap_batches_actual_shape():
     def build(x):
         return DynArray(x, [jnp.sum(x[:, 0] > 0), 2], fill_value=0)
     xs = jnp.array([[[1, 1], [0, 0], [0, 0]], [[1, 1], [1, 1], [0, 0]]])
-    out = jax.vmap(build)(xs)
+    # one program (eagerly every vmapped method traces and lowers its own)
+    out, numel, mask, wire = jax.jit(lambda xs: (lambda out: (
+        out, out.numel(), out.valid_mask(), out.to_wire()))(jax.vmap(build)(xs)))(xs)
     assert out.batch_shape == (2,) and out.max_shape == (3, 2)
     assert out.actual_shape.tolist() == [[1, 2], [2, 2]]
-    np.testing.assert_array_equal(out.numel(), [2, 4])
+    np.testing.assert_array_equal(numel, [2, 4])
     assert [a.tolist() for a in refresh(out)] == [[[1, 1]], [[1, 1], [1, 1]]]
-    assert out.valid_mask().shape == (2, 3, 2)
-    assert out.to_wire().shape == (2, 6)
+    assert mask.shape == (2, 3, 2)
+    np.testing.assert_array_equal(mask, [[[1, 1], [0, 0], [0, 0]], [[1, 1], [1, 1], [0, 0]]])
+    assert wire.shape == (2, 6)
+    np.testing.assert_array_equal(wire, [[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
 
 
 def test_vmap_inside_sees_unbatched():
     def inner(d):
         assert d.batch_shape == ()
         return d.set_actual_shape(jnp.stack([d.actual_shape[0] - 1]))
-    d = jax.vmap(lambda x: DynArray(x, [3]))(jnp.zeros((2, 4)))
-    assert jax.vmap(inner)(d).actual_shape.tolist() == [[2], [2]]
+    def outer(x):  # one program for both vmaps
+        return jax.vmap(inner)(jax.vmap(lambda x: DynArray(x, [3]))(x))
+    assert jax.jit(outer)(jnp.zeros((2, 4))).actual_shape.tolist() == [[2], [2]]
 
 
 def test_grad_padding_gets_zero():
     def loss(x):
         return jnp.sum(DynArray(x * 2.0, [2]).valid_data() ** 2)
-    g = jax.grad(loss)(jnp.array([1.0, 2.0, 3.0, 4.0]))
+    g = jax.jit(jax.grad(loss))(jnp.array([1.0, 2.0, 3.0, 4.0]))
     chex.assert_trees_all_close(g, jnp.array([8.0, 16.0, 0.0, 0.0]))
 
 

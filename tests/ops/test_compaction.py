@@ -9,6 +9,9 @@ import pytest
 from jaxops.ops import compaction
 from jaxops.ops.compaction import compact_indices, compact_map, gather_valid
 
+# jitted (one program a call; eagerly each jnp operation inside is lowered on its own)
+compact = jax.jit(compact_indices, static_argnums=1, static_argnames="fill_value")
+
 
 def ref_compact(mask, size, fill=-1):
     pos = np.flatnonzero(np.asarray(mask).reshape(-1))
@@ -37,10 +40,10 @@ def test_random_and_structured_masks_match_numpy(n):
     half = int(masks["p=0.5"].sum())
     # Tiny, one short of the p=0.5 count (overflow), above the theoretical maximum; small
     # inputs (cheap to compile) also exactly the p=0.5 count.
-    sizes = {40, max(half - 1, 0), n + 70} | ({half} if n <= 5000 else set())
-    for size in sorted(sizes):
-        run = jax.jit(jax.vmap(lambda m: compact_indices(m, size)))
-        idx, count = run(np.stack(list(masks.values())))
+    sizes = sorted({40, max(half - 1, 0), n + 70} | ({half} if n <= 5000 else set()))
+    run = jax.jit(lambda ms: [jax.vmap(lambda m: compact_indices(m, size))(ms)  # one program
+                              for size in sizes])
+    for size, (idx, count) in zip(sizes, run(np.stack(list(masks.values())))):
         for k, m in enumerate(masks.values()):
             want, want_count = ref_compact(m, size)
             chex.assert_trees_all_equal((np.asarray(idx[k]), int(count[k])), (want, want_count))
@@ -51,8 +54,9 @@ def test_blocked_and_scatter_paths_agree(n, size):
     rng = np.random.default_rng(size)
     masks = np.stack([rng.random(n) < dens for dens in (0.0, 0.3, 1.0)])
     fn = lambda i: (i, i * 2)
-    blocked = jax.jit(jax.vmap(lambda m: compaction._compact_blocked(m, size, fn, (-1, -7))))(masks)
-    plain = jax.jit(jax.vmap(lambda m: compaction._compact_scatter(m, size, fn, (-1, -7))))(masks)
+    blocked, plain = jax.jit(lambda ms: (  # both paths in one program
+        jax.vmap(lambda m: compaction._compact_blocked(m, size, fn, (-1, -7)))(ms),
+        jax.vmap(lambda m: compaction._compact_scatter(m, size, fn, (-1, -7)))(ms)))(masks)
     chex.assert_trees_all_equal(blocked, plain)
     for k, mask in enumerate(masks):
         want, count = ref_compact(mask, size)
@@ -61,16 +65,16 @@ def test_blocked_and_scatter_paths_agree(n, size):
 
 
 def test_capacity_zero_and_empty_mask():
-    idx, count = compact_indices(jnp.array([True, False, True]), 0)
+    idx, count = compact(np.array([True, False, True]), 0)
     chex.assert_shape(idx, (0,))
     assert int(count) == 2
-    idx, count = compact_indices(jnp.zeros((0,), bool), 3, fill_value=9)
+    idx, count = compact(np.zeros((0,), bool), 3, fill_value=9)
     chex.assert_trees_all_equal((np.asarray(idx), int(count)), (np.full(3, 9, np.int32), 0))
 
 
 def test_non_bool_masks_count_non_zero_including_nan():
-    x = jnp.array([[0.0, np.nan], [-0.0, 2.0]])
-    idx, count = compact_indices(x, 4)
+    x = np.array([[0.0, np.nan], [-0.0, 2.0]], np.float32)
+    idx, count = compact(x, 4)
     chex.assert_trees_all_equal((np.asarray(idx), int(count)), (np.array([1, 3, -1, -1]), 2))
 
 
@@ -89,11 +93,14 @@ def test_compact_map_epilogue_and_fills_on_the_blocked_path():
 
 
 def test_gather_valid_pads_and_routes_gradients():
-    values = jnp.arange(5.0)
-    idx, count = compact_indices(values > 2, 4)
-    out = gather_valid(values, idx, count, -1.0)
+    @jax.jit  # one program
+    def run(values):
+        idx, count = compact_indices(values > 2, 4)
+        return (gather_valid(values, idx, count, -1.0),
+                jax.grad(lambda v: gather_valid(v, idx, count, 0.0).sum())(values))
+
+    out, grad = run(jnp.arange(5.0))
     chex.assert_trees_all_equal(np.asarray(out), np.array([3.0, 4.0, -1.0, -1.0], np.float32))
-    grad = jax.grad(lambda v: gather_valid(v, idx, count, 0.0).sum())(values)
     chex.assert_trees_all_equal(np.asarray(grad), np.array([0, 0, 0, 1, 1], np.float32))
 
 
@@ -105,7 +112,7 @@ def test_bad_capacity_raises():
 def test_blocked_path_with_x64_on():
     mask = np.random.default_rng(4).random((350, 200)) < 0.3
     with jax.enable_x64(True):
-        idx, count = compact_indices(mask, 30000)
+        idx, count = compact(mask, 30000)
     want, want_count = ref_compact(mask, 30000)
     assert idx.dtype == np.int32 and count.dtype == np.int32
     chex.assert_trees_all_equal((np.asarray(idx), int(count)), (want, want_count))

@@ -72,8 +72,8 @@ def test_gradient_flows_to_selected_positions(mode, xs, ms, size):
     with expected_truncation():
         d = jaxops.masked_select(x, mask, size=size, impl_mode=mode, overflow="truncate")
     ct = rng.standard_normal(d.shape).astype(np.float32)
-    grad = jax.grad(lambda x: jnp.sum(ct * jaxops.masked_select(
-        x, mask, size=size, impl_mode=mode).valid_data(0)))(x)
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(ct * jaxops.masked_select(  # jitted: one program
+        x, mask, size=size, impl_mode=mode).valid_data(0))))(x)
     chex.assert_trees_all_close(np.asarray(grad), ref_masked_select_grad(x, mask, ct, size)[0],
                                 rtol=1e-6, atol=1e-6)
 
@@ -84,9 +84,9 @@ def test_high_precision_accumulates_broadcast_bf16_gradients_in_float32():
     ct = jnp.full((1500,), 1.01, jnp.bfloat16)  # 1.01 rounds to 1.0078125 in bfloat16
 
     def grad(mode):
-        return jax.grad(lambda x: jnp.sum(
+        return jax.jit(jax.grad(lambda x: jnp.sum(  # jitted: one program
             (ct * jaxops.masked_select(x, mask, impl_mode=mode).valid_data()).astype(
-                jnp.float32)))(x)
+                jnp.float32))))(x)
 
     exact = np.float32(ml_dtypes.bfloat16(1.01)) * 500  # 503.9; bfloat16 rounds it to 504
     precise, fast = grad("high_precision"), grad("high_performance")

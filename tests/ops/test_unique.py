@@ -73,13 +73,18 @@ def test_large_inputs_on_both_grouping_strategies(spread, sorted_):
 def test_grouping_strategies_agree_where_both_apply():
     rng = np.random.default_rng(2)
     keys = jnp.asarray(rng.integers(1000, 1000 + 300, 2000).astype(np.uint32))
-    by_counting = jax.jit(grouping._by_counting)(keys, jnp.min(keys))
-    chex.assert_trees_all_equal(jax.jit(grouping._by_sorting)(keys), by_counting)
-    chex.assert_trees_all_equal(jax.jit(lambda k: grouping._by_sorting(k, search=False))(keys),
-                                by_counting)
     edge = jnp.asarray(np.array([5, 5 + 2999] + [7] * 2998, np.uint32))  # range = n - 1
-    chex.assert_trees_all_equal(jax.jit(grouping._by_sorting)(edge),
-                                jax.jit(grouping._by_counting)(edge, jnp.min(edge)))
+
+    @jax.jit  # every strategy in one program
+    def strategies(keys, edge):
+        return (grouping._by_counting(keys, jnp.min(keys)), grouping._by_sorting(keys),
+                grouping._by_sorting(keys, search=False),
+                grouping._by_sorting(edge), grouping._by_counting(edge, jnp.min(edge)))
+
+    by_counting, by_sorting, by_sorting_scan, edge_sorting, edge_counting = strategies(keys, edge)
+    chex.assert_trees_all_equal(by_sorting, by_counting)
+    chex.assert_trees_all_equal(by_sorting_scan, by_counting)
+    chex.assert_trees_all_equal(edge_sorting, edge_counting)
 
 
 @pytest.mark.parametrize("n", [0, 1, 3000])
@@ -87,8 +92,8 @@ def test_dense_rank_grouping_equals_grouping_the_ranks(n):
     rng = np.random.default_rng(n)
     values = rng.integers(0, max(n // 3, 1), n)
     rank = jnp.asarray(np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int32))
-    got = jax.jit(grouping.group_dense_ranks)(rank)
-    want = jax.jit(grouping.group_keys)(sortable_keys(rank))
+    got, want = jax.jit(lambda r: (grouping.group_dense_ranks(r),
+                                   grouping.group_keys(sortable_keys(r))))(rank)
     chex.assert_trees_all_equal(got._replace(unique_keys=None), want._replace(unique_keys=None))
     k = int(got.n_unique)  # its keys are the ranks themselves, padded with the largest
     assert got.unique_keys.tolist() == list(range(k)) + [max(k - 1, 0)] * (n - k)
@@ -142,17 +147,16 @@ def test_unique_slices(axis):
 
 def test_capacity_exact_and_overflow_inside_jit():
     x = np.array([4, 1, 4, 2, 9, 1], np.int32)  # 4 unique
-    for sorted_ in (True, False):
-        for size in (4, 2, 6):
-            f = jax.jit(lambda x: (lambda o: (o, o[0].overflowed(), o[0].lost()))(
-                unique_all(x, size=size, sorted=sorted_)))
-            out, over, lost = f(x)
-            assert_same(jaxops.refresh(out, allow_truncated=True),
-                        ref_unique(x, size=size, sorted=sorted_))
-            assert bool(over) == (size < 4) and int(lost) == max(4 - size, 0)
+    configs = [(sorted_, size) for sorted_ in (True, False) for size in (4, 2, 6)]
+    outs = jax.jit(lambda x: [(lambda o: (o, o[0].overflowed(), o[0].lost()))(  # one program
+        unique_all(x, size=size, sorted=sorted_)) for sorted_, size in configs])(x)
+    for (sorted_, size), (out, over, lost) in zip(configs, outs):
+        assert_same(jaxops.refresh(out, allow_truncated=True),
+                    ref_unique(x, size=size, sorted=sorted_))
+        assert bool(over) == (size < 4) and int(lost) == max(4 - size, 0)
     y, idx, inv, cnt = unique_all(x, size=6)
-    chex.assert_trees_all_equal((np.asarray(y.data[4:]), np.asarray(idx.data[4:]),
-                                 np.asarray(cnt.data[4:])), (np.zeros(2), np.full(2, -1),
+    chex.assert_trees_all_equal((np.asarray(y.data)[4:], np.asarray(idx.data)[4:],
+                                 np.asarray(cnt.data)[4:]), (np.zeros(2), np.full(2, -1),
                                                              np.zeros(2)))
 
 
@@ -202,10 +206,10 @@ def test_x64_large_inputs(spread):
 
 def test_agrees_with_jnp_unique():
     x = np.random.default_rng(5).integers(0, 20, 100).astype(np.int32)
-    want = jnp.unique(x, size=30, fill_value=0, return_counts=True)
+    want = jax.jit(lambda x: jnp.unique(x, size=30, fill_value=0, return_counts=True))(x)
     y, cnt = jaxops.unique(x, size=30, return_counts=True)
     n = int(y.actual_shape[0])
-    chex.assert_trees_all_equal((np.asarray(y.data[:n]), np.asarray(cnt.data[:n])),
+    chex.assert_trees_all_equal((np.asarray(y.data)[:n], np.asarray(cnt.data)[:n]),
                                 (np.asarray(want[0][:n]), np.asarray(want[1][:n])))
 
 
@@ -236,13 +240,13 @@ def test_sortable_keys_order_and_lower_bound():
     rng = np.random.default_rng(9)
     x = np.concatenate([rng.standard_normal(50), [np.inf, -np.inf, 0.0, -0.0, np.nan]]).astype(
         np.float32)
-    keys = np.asarray(sortable_keys(x))
+    keys = np.asarray(jax.jit(sortable_keys)(x))
     finite = ~np.isnan(x)
     order = np.argsort(keys[finite], kind="stable")
     np.testing.assert_array_equal(np.sort(x[finite]), x[finite][order])
     assert (keys[~finite] > keys[finite].max()).all()
     ints = np.array([-128, -1, 0, 5, 127], np.int8)
-    assert (np.diff(np.asarray(sortable_keys(ints)).astype(np.int64)) > 0).all()
+    assert (np.diff(np.asarray(jax.jit(sortable_keys)(ints)).astype(np.int64)) > 0).all()
     for trial in range(20):
         table = np.sort(rng.integers(0, [4, 2**32][trial % 2], 300, dtype=np.uint64)).astype(np.uint32)
         nv = int(rng.integers(0, 301))

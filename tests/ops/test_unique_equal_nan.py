@@ -92,14 +92,14 @@ def test_first_occurrence_order_capacity_and_jit(backend):
     rng = np.random.default_rng(2)
     x = nan_inputs(rng, 30, np.float32)
     n_unique = len(numpy_unique(x, False)[0])
-    for sorted_ in (True, False):
-        for size in (None, n_unique - 3):
-            f = jax.jit(lambda x: unique_all(x, size=size, sorted=sorted_, equal_nan=False,
-                                             overflow="truncate", backend=backend))
-            out = f(x)
-            assert_same(jaxops.refresh(out, allow_truncated=True), ref_unique(x, size=size, sorted=sorted_,
-                                                        equal_nan=False))
-            assert int(out[0].true_shape[0]) == n_unique
+    configs = [(sorted_, size) for sorted_ in (True, False) for size in (None, n_unique - 3)]
+    outs = jax.jit(lambda x: [unique_all(x, size=size, sorted=sorted_, equal_nan=False,  # one
+                                         overflow="truncate", backend=backend)  # program
+                              for sorted_, size in configs])(x)
+    for (sorted_, size), out in zip(configs, outs):
+        assert_same(jaxops.refresh(out, allow_truncated=True), ref_unique(x, size=size, sorted=sorted_,
+                                                                          equal_nan=False))
+        assert int(out[0].true_shape[0]) == n_unique
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -35,9 +35,9 @@ def test_bitmask_walk_matches_sequential_greedy(band, inclusive, t, groups):
     valid = np.arange(k)[None] < nvalid[:, None]
     g = np.sort(rng.integers(0, groups, (p, k)), axis=1)
     g = np.where(valid, g, np.iinfo(np.int32).max).astype(np.int32)
-    run = jax.jit(functools.partial(bitmask_nms, inclusive=inclusive, band=band))
-    keep = np.asarray(run(decode_boxes(jnp.asarray(boxes)), jnp.asarray(valid),
-                          jnp.asarray(g), t))
+    run = jax.jit(lambda b, v, g, t: bitmask_nms(decode_boxes(b), v, g, t, inclusive=inclusive,
+                                                 band=band))
+    keep = np.asarray(run(boxes, valid, g, t))
     suppress = functools.partial(trt_suppresses if inclusive else onnx_suppresses, t=t)
     for i in range(p):
         want = greedy(np_decode(boxes[i]), np.flatnonzero(valid[i]), k, suppress, g[i])
@@ -47,7 +47,7 @@ def test_bitmask_walk_matches_sequential_greedy(band, inclusive, t, groups):
 
 def test_bitmask_threshold_is_an_operand():
     rng = np.random.default_rng(3)
-    boxes = decode_boxes(jnp.asarray(random_boxes(rng, (2, 70))))
+    boxes = jax.jit(decode_boxes)(random_boxes(rng, (2, 70)))
     valid, g = jnp.ones((2, 70), bool), jnp.zeros((2, 70), jnp.int32)
     run = jax.jit(bitmask_nms)
     counts = [int(run(boxes, valid, g, jnp.float32(t)).sum()) for t in (0.1, 0.5, 0.9)]
@@ -67,10 +67,14 @@ def test_priority_and_group_orders(k):
     scores[:, :3] = [np.inf, -np.inf, 0.0]
     valid = rng.random((2, k)) < 0.9
     groups = rng.choice(np.array([-5, 0, 3, 2**30]), (2, k)).astype(np.int32)
-    keys = priority_keys(jnp.asarray(scores))
-    cands = Candidates(jnp.broadcast_to(jnp.arange(k), (2, k)), jnp.asarray(valid),
-                       jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32))
-    order = orders(keys, cands, jnp.asarray(groups))
+
+    @jax.jit  # one program (eagerly each operation inside is lowered on its own)
+    def run(scores, valid, groups):
+        cands = Candidates(jnp.broadcast_to(jnp.arange(k), (2, k)), valid,
+                           jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32))
+        return orders(priority_keys(scores), cands, groups)
+
+    order = run(scores, valid, groups)
     s = np.where(scores == 0, 0, scores)  # -0.0 ties +0.0
     for i in range(2):
         nv = int(valid[i].sum())
@@ -86,8 +90,7 @@ def test_candidate_cut_keeps_the_best_by_score():
     scores = random_scores(rng, (3, 500), levels=40)
     passing = scores > 0.3
     passing[2] = False
-    keys = priority_keys(jnp.asarray(scores))
-    c = select(lambda: keys, jnp.asarray(passing), 64)
+    c = jax.jit(lambda s, p: select(lambda: priority_keys(s), p, 64))(scores, passing)
     for i in range(3):
         want = np.sort(_np_priority(scores[i], passing[i])[:min(64, passing[i].sum())])
         got = np.asarray(c.flat[i])[np.asarray(c.valid[i])]

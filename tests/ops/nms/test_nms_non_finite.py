@@ -11,6 +11,7 @@ without one its heap orders them arbitrarily.
 """
 
 import chex
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -82,10 +83,13 @@ def test_nms_and_batched_nms_match_torchvision(backend, impl_mode):
         scores = poison(rng, random_scores(rng, (40,), levels=8), 0.1, NON_FINITE[1:])
         idxs = rng.integers(0, 3, 40)
         for iou in (0.0, 0.5):
-            got = jaxops.nms(boxes, scores, iou, impl_mode=impl_mode, backend=backend)
+            # a JAX scalar threshold is an operand: one compile for both thresholds and trials
+            # (both exact in float32, so torchvision's double comparison gives the same)
+            t = jnp.asarray(iou, jnp.float32)
+            got = jaxops.nms(boxes, scores, t, impl_mode=impl_mode, backend=backend)
             chex.assert_trees_all_equal(jaxops.refresh(got).astype(np.int64),
                                         np.asarray(torchvision_nms(boxes, scores, iou), np.int64))
-            got = jaxops.batched_nms(boxes, scores, idxs, iou, impl_mode=impl_mode,
+            got = jaxops.batched_nms(boxes, scores, idxs, t, impl_mode=impl_mode,
                                      backend=backend)
             chex.assert_trees_all_equal(jaxops.refresh(got).astype(np.int64),
                                         torchvision_batched(boxes, scores, idxs, iou))
