@@ -59,7 +59,8 @@ _cheaper_compiles()
 #: at the default, a young-generation pass every 700 allocations cost ~10 % of a worker's CPU
 #: (4.5 s of ~40 s over four test files, measured with gc.callbacks); at these, under 1 s.
 #: Garbage is still collected (a pass every 50,000 allocations), only less often; nothing that
-#: a test checks depends on when. Subprocesses the tests start keep Python's defaults.
+#: a test checks depends on when. The 8-device child sets them too (tests/helpers/
+#: eight_devices.py); the other subprocesses the tests start keep Python's defaults.
 GC_THRESHOLDS = (50_000, 20, 20)
 gc.set_threshold(*GC_THRESHOLDS)
 
