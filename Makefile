@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) -m jaxops demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto
 
 bench: $(STAMP)  # from the checkout: the benchmarks are not part of the package
 	$(PY) -m benchmarks

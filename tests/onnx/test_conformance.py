@@ -4,8 +4,9 @@ By default one case per op runs (the first by name, about 140: the suite's time 
 listed in ``selected_cases.txt`` so that collecting them does not run ONNX's case generators
 (~8 s, which every xdist worker would pay); ``test_the_selection_covers_every_op`` checks the
 list against the generated cases. ``JAXOPS_ONNX_CONFORMANCE=all`` runs every applicable case
-(about 1,360, ~2.5 min per x64 mode). The module's tests share one xdist group
-(``make test`` runs ``--dist loadgroup``): one worker generates the cases and compiles them. A case that needs 64-bit values with x64 off must be refused with the library's
+(about 1,360, ~2.5 min per x64 mode). The module's tests share one xdist group: under
+``--dist loadgroup`` one worker generates the cases and compiles them (``make test`` keeps
+xdist's default distribution, which balanced the whole suite better in one measured run). A case that needs 64-bit values with x64 off must be refused with the library's
 error (``OpDTypeError``), or pass (within the case's tolerance). Cases whose
 combination jaxops.onnx does not implement are refused at load, naming the node
 (``REFUSED``, checked for every such case); every other case must pass.
