@@ -70,7 +70,8 @@ def train_chunk(carry, keys, labels):
     return jax.lax.scan(train_step, carry, (keys, labels))
 
 
-def check_gradients_reach_rows(table, mlp, keys, labels) -> float:
+@jax.jit  # one program (eagerly, each operation below would be compiled on its own)
+def check_gradients_reach_rows(table, mlp, keys, labels) -> jax.Array:
     """Max |dense gradient w.r.t. table.values − per-row gradients scattered into slots|."""
     def loss_through_table(values):
         rows = ht.lookup(table.replace(values=values), keys)
@@ -84,7 +85,7 @@ def check_gradients_reach_rows(table, mlp, keys, labels) -> float:
     slots = ht.locate(table, keys)                       # -1 for ids not in the table
     slots = jnp.where(slots >= 0, slots, table.bucket_size)  # out of range → dropped below
     scattered = jnp.zeros_like(table.values).at[slots].add(g_rows, mode="drop")
-    return float(jnp.max(jnp.abs(dense - scattered)))
+    return jnp.max(jnp.abs(dense - scattered))
 
 
 def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
@@ -109,8 +110,8 @@ def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
               f"new rows exported {exported[-1]} (rows {new_rows.max_shape} max shape)")
 
     u, i, y = next(data)
-    err = check_gradients_reach_rows(table, carry[2], ht.words.as_words(np.concatenate([u, i]), "example",
-                                                                  "keys"), jnp.asarray(y))
+    err = float(check_gradients_reach_rows(table, carry[2], ht.words.as_words(
+        np.concatenate([u, i]), "example", "keys"), jnp.asarray(y)))
     print(f"gradient through ht.lookup vs per-row gradients: max |diff| = {err:.2e}")
 
     with tempfile.TemporaryDirectory() as d:

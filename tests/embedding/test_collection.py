@@ -75,30 +75,27 @@ def test_shared_table_keys_are_salted_per_feature(share_ids):
 
 def _dense_reference(coll, state, batch, share_ids):
     """Rows of every (feature, id) read by key from the table; pooled and differentiated
-    densely with numpy indexing, independent of the collection's code path."""
+    densely in float64 numpy (the gradient of sum(sin(pooled)) written out by hand),
+    independent of the collection's code path."""
     table = state["shared"].table
     keys = {f: _salted(f, ht.words.to_host_int64(batch[f].ids), not share_ids) for f in ("user", "item")}
     vocab = np.unique(np.concatenate([k[np.asarray(batch[f].valid)] for f, k in keys.items()]))
     emb = np.asarray(ht.find(table, vocab)[0], np.float64)
-
-    def loss(e):
-        total = 0.0
-        for f in ("user", "item"):
-            bags = batch[f]
-            idx = np.searchsorted(vocab, keys[f])
-            valid = np.asarray(bags.valid)
-            w = np.where(valid, 1.0 if bags.weights is None else np.asarray(bags.weights), 0.0)
-            seg = np.asarray(bags.segment)
-            onehot = (seg[None, :] == np.arange(bags.num_bags)[:, None]) * w[None, :]
-            denom = onehot.sum(1, keepdims=True)
-            rows = e[np.where(valid, idx, 0)]
-            pooled = jnp.where(denom > 0, (onehot @ rows) / np.where(denom > 0, denom, 1), 0)
-            total = total + jnp.sum(jnp.sin(pooled))
-        return total
-
-    with jax.enable_x64(True):
-        value, grad = jax.value_and_grad(loss)(jnp.asarray(emb))
-        return vocab, emb, float(value), np.asarray(grad)
+    total, grad = 0.0, np.zeros_like(emb)
+    for f in ("user", "item"):
+        bags = batch[f]
+        valid = np.asarray(bags.valid)
+        idx = np.where(valid, np.searchsorted(vocab, keys[f]), 0)
+        w = np.where(valid, 1.0 if bags.weights is None else np.asarray(bags.weights), 0.0)
+        seg = np.asarray(bags.segment)
+        onehot = (seg[None, :] == np.arange(bags.num_bags)[:, None]) * w[None, :]  # [bags, ids]
+        denom = onehot.sum(1, keepdims=True)
+        safe = np.where(denom > 0, denom, 1)
+        pooled = np.where(denom > 0, (onehot @ emb[idx]) / safe, 0)
+        total += np.sum(np.sin(pooled))
+        # d sum(sin(pooled)) / d emb[idx_i] = w_i cos(pooled of i's bag) / denom of that bag
+        np.add.at(grad, idx, onehot.T @ np.where(denom > 0, np.cos(pooled) / safe, 0))
+    return vocab, emb, float(total), grad
 
 
 def _train_step(coll):

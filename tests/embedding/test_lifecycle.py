@@ -3,6 +3,10 @@
 The tables are sized to fill in the middle of the run. Under ``grow`` and ``evict`` no id
 is lost; under ``error`` the maintain call after the limit is passed raises, naming the
 table. Every step is one jitted function with its state donated, as a user writes it.
+
+Programs are shared: a configuration's collection and its jitted step are made once per
+file (a new collection would trace the same step again), the batches are drawn once, and
+the grow run on the 64-slot table serves both tests that read it.
 """
 
 import functools
@@ -17,20 +21,24 @@ from jaxops.core.errors import OpArgumentError
 from jaxops.embedding import Bags, EmbeddingCollection, TableConfig
 
 DIM, STEPS, IDS = 4, 8, 24  # 8 steps of 24 ids each, most of them new: 64 slots fill at step 3
+ONES = jax.nn.initializers.ones  # a JAX initializer: grown slots must get it, not a constant
 
 
+@functools.cache
 def _collection(policy: str, slots: int = 64, initializer=0.25) -> EmbeddingCollection:
     return EmbeddingCollection([TableConfig(
         "ids", slots, DIM, ("user",), ht.optim.adagrad(0.1, initial_accumulator_value=0.1),
         initializer, load_policy=policy, max_load_factor=0.75)])
 
 
+@functools.cache
 def _batches(seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [{"user": Bags.from_lengths(rng.integers(0, 200, IDS).astype(np.int64) + 1000 * i,
                                        np.full(8, 3, np.int32))} for i in range(STEPS)]
 
 
+@functools.cache
 def _step(coll: EmbeddingCollection):
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, batch):
@@ -60,13 +68,20 @@ def _rows_by_key(table) -> dict:
     return {int(k): v for c in chunks for k, v in zip(c.keys, c.values)}
 
 
-def test_grow_keeps_every_id_its_row_and_its_state():
-    state, reports, step = _train(_collection("grow"))
+@pytest.fixture(scope="module")
+def grown():
+    """The grow run on 64 slots (its new slots start at ONES), and the same run on 1,024
+    slots, which never fill."""
+    state, reports, step = _train(_collection("grow", initializer=ONES))
+    return state, reports, step, _train(_collection("grow", slots=1024, initializer=ONES))
+
+
+def test_grow_keeps_every_id_its_row_and_its_state(grown):
+    state, reports, step, (big, big_reports, _) = grown
     assert sum(r.lost for r in reports) == 0 and sum(r.grown for r in reports) >= 2
     table = state["ids"].table
     assert table.bucket_size >= 256 and int(table.dropped) == 0
     # The same run on a table that never fills: the same ids, rows and accumulators.
-    big, big_reports, _ = _train(_collection("grow", slots=1024))
     assert sum(r.grown for r in big_reports) == 0
     got, want = _rows_by_key(table), _rows_by_key(big["ids"].table)
     assert got.keys() == want.keys() and len(got) == int(table.live)
@@ -80,8 +95,8 @@ def test_grow_keeps_every_id_its_row_and_its_state():
     assert step._cache_size() == 1 + sum(r.grown for r in reports)
 
 
-def test_grow_gives_new_slots_the_configured_initializer():
-    state, reports, _ = _train(_collection("grow", initializer=jax.nn.initializers.ones))
+def test_grow_gives_new_slots_the_configured_initializer(grown):
+    state, reports, _, _ = grown
     table = state["ids"].table
     free = np.asarray(table.flags) == 0
     assert sum(r.grown for r in reports) >= 1 and free.any()
@@ -129,7 +144,7 @@ def test_error_raises_at_the_maintain_call_naming_the_table():
 
 
 def test_reports_accumulate_inside_jit_until_maintain():
-    coll = _collection("grow", slots=1024)
+    coll = _collection("grow", slots=1024, initializer=ONES)  # the big run's step
     step, state = _step(coll), coll.init(jax.random.key(0))
     for batch in _batches()[:3]:
         state, _ = step(state, batch)
@@ -154,7 +169,8 @@ def test_the_nnx_layer_maintains_between_jitted_steps():
 
     import jaxops.nnx
 
-    embed = jaxops.nnx.Embedding(_collection("grow"), rngs=nnx.Rngs(0))
+    # ONES, as the grow fixture: the table's grow programs are those it traced
+    embed = jaxops.nnx.Embedding(_collection("grow", initializer=ONES), rngs=nnx.Rngs(0))
 
     @nnx.jit(donate_argnums=0)
     def step(embed, batch):

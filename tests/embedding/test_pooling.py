@@ -27,10 +27,12 @@ def _ref_pool(rows, lengths, weights, mode):
 def _ragged(rng, bags=7, dim=3, weighted=True):
     lengths = rng.integers(0, 4, bags)
     lengths[[1, 4]] = 0  # empty bags
-    n = int(lengths.sum())
-    ids = rng.integers(0, 5, n + 3)  # small id range: duplicates; 3 trailing padding ids
-    rows = rng.standard_normal((n + 3, dim)).astype(np.float32)
-    weights = rng.uniform(0.1, 2.0, n + 3).astype(np.float32) if weighted else None
+    # small id range: duplicates; 3 or more trailing padding ids: every case has 3 * bags + 3
+    # ids, one shape for all of them (each new shape would trace and compile pool again)
+    size = 3 * bags + 3
+    ids = rng.integers(0, 5, size)
+    rows = rng.standard_normal((size, dim)).astype(np.float32)
+    weights = rng.uniform(0.1, 2.0, size).astype(np.float32) if weighted else None
     return ids, lengths, rows, weights
 
 

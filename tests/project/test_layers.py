@@ -1,6 +1,7 @@
 """The layers of the design hold: lower layers never import higher ones."""
 
 import ast
+import functools
 import pathlib
 import subprocess
 import sys
@@ -20,13 +21,21 @@ def test_import_jaxops_does_not_import_tracing():
     assert done.returncode == 0, done.stderr
 
 
+@functools.cache
+def _import_nodes(path: pathlib.Path) -> tuple:
+    """The ``import`` and ``from ... import`` statements of a file, function-local ones
+    included (parsed once per file for all the tests here)."""
+    return tuple(node for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def _project_imports(package: str) -> dict[str, set[str]]:
     """Every project module each file of ``package`` imports, function-local ones included."""
     root = pathlib.Path(__file__).resolve().parents[2]
     found = {}
     for path in sorted((root / package.replace(".", "/")).rglob("*.py")):
         names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_nodes(path):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module)
             elif isinstance(node, ast.Import):
@@ -109,6 +118,7 @@ LAYERS = [("jaxops.core",), ("jaxops.backends", "jaxops.native"), ("jaxops.capac
           ("jaxops.dynamic",), ("jaxops.onnx",)]
 
 
+@functools.cache
 def _module_graph() -> dict[str, set[str]]:
     """Every module of jaxops and tracing → the project modules it imports (function-local
     imports included; ``from pkg import name`` counts as ``pkg.name`` when that is a
@@ -128,7 +138,7 @@ def _module_graph() -> dict[str, set[str]]:
     graph = {}
     for name, path in paths.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_nodes(path):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 deps.update(resolve(f"{node.module}.{a.name}") for a in node.names)
             elif isinstance(node, ast.Import):
@@ -191,7 +201,7 @@ def test_no_module_imports_a_private_name_of_another():
     root = pathlib.Path(__file__).resolve().parents[2]
     bad = []
     for path in sorted([*(root / "jaxops").rglob("*.py"), *(root / "tracing").rglob("*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_nodes(path):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
                     and node.module.split(".")[0] in ("jaxops", "tracing"):
                 bad += [f"{path.relative_to(root)}: {node.module}.{a.name}" for a in node.names
@@ -259,7 +269,7 @@ def _private_modules_imported(path: pathlib.Path) -> set[str]:
     """The project modules (or names) with a ``_private`` part that ``path`` imports
     (``from pkg import _mod`` included)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
