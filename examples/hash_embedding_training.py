@@ -90,8 +90,8 @@ def check_gradients_reach_rows(table, mlp, keys, labels) -> jax.Array:
 
 def main(chunks: int = 4, bucket_size: int = 16384) -> dict:
     table = ht.init_table(bucket_size, DIM, initializer_mode="random",
-                          sampled_values=0.1 * jax.random.normal(jax.random.PRNGKey(0),
-                                                                 (bucket_size * DIM,)))
+                          sampled_values=0.1 * jax.random.normal(
+                              jax.random.PRNGKey(0), (bucket_size * DIM,), jnp.float32))
     mlp = init_mlp(jax.random.PRNGKey(1))
     carry = (table, ht.adam_w_init(table), mlp, mlp_opt.init(mlp))
     data = synthetic_clicks(chunks * STEPS_PER_CHUNK + 1, seed=3)
