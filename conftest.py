@@ -87,6 +87,20 @@ def _ladder_mode():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _doctests_in_the_default_mode(request):
+    """A doctest shows what a reader's session prints with JAX's defaults (x64 off): in a
+    session started with ``JAX_ENABLE_X64=1`` the docstrings' examples still run with x64
+    off (dtypes such as ``int32`` are part of what they print). Other tests keep the mode."""
+    if not isinstance(request.node, pytest.DoctestItem):
+        yield
+        return
+    import jax
+
+    with jax.enable_x64(False):
+        yield
+
+
 collect_ignore = [path for path, module in (("jaxops/nnx.py", "flax"),
                                             ("jaxops/equinox.py", "equinox"))
                   if importlib.util.find_spec(module) is None]
