@@ -262,6 +262,7 @@ for op, kw in {_X64_CASES!r}:
 """
 
 
+@pytest.mark.x64_off
 def test_files_are_the_same_with_x64_off_and_on(tmp_path):
     """x64 off here (the suite's setting, already compiled), on in a fresh process."""
     for mode in ("off", "on"):

@@ -93,6 +93,7 @@ def test_find_under_vmap_over_key_batches():
     assert rows.shape == (3, 8, DIM)
 
 
+@pytest.mark.x64_off
 def test_a_64_bit_table_refuses_ids_jax_may_have_narrowed():
     table = ht.init_table(SIZE, DIM, initializer_mode="constant")
     ids = np.array([2**40 + 5, 5], np.int64)  # two ids that narrow to the same int32
@@ -112,6 +113,7 @@ def test_a_64_bit_table_refuses_ids_jax_may_have_narrowed():
         ht.lookup_or_insert(small, np.array([2**40], np.int64))
 
 
+@pytest.mark.x64_off
 def test_word_pairs_given_as_keys_are_refused_naming_host_keys():
     table = ht.init_table(SIZE, DIM, initializer_mode="constant")
     table, _, _ = ht.lookup_or_insert(table, np.array([2**40 + 5, 5], np.int64))

@@ -47,6 +47,7 @@ def test_home_slot_is_the_unsigned_hash_modulo_bucket_size():
                                     np.array([key_hash(k) % size for k in keys], np.int32))
 
 
+@pytest.mark.x64_off
 def test_key_forms_agree():
     small = np.array([0, 5, -1, -2**31, 2**31 - 1], np.int64)
     want = ht.words.as_words(small, "test", "keys")

@@ -145,6 +145,7 @@ def test_multi_table_export_through_launch_with_outshape():
         assert sorted(outs[1].tolist()) == [-5, 2**40]
 
 
+@pytest.mark.x64_off
 def test_export_word_pairs_with_x64_off():
     t, _, _ = ht.lookup_or_insert(_table(), K(-2))
     _, keys, counters, _, _ = ht.export(t)

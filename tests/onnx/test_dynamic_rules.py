@@ -82,6 +82,7 @@ def _model(nodes, inputs, outputs, inits=()):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.x64_off
 def test_if_whose_branches_differ_in_actual_shape():
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto as T, helper
@@ -106,6 +107,7 @@ def test_if_whose_branches_differ_in_actual_shape():
         [-2.0, -1.0, 0.5, -3.0]
 
 
+@pytest.mark.x64_off
 def test_loop_carries_a_growing_tensor():
     pytest.importorskip("onnx")
     from onnx import TensorProto as T, helper

@@ -184,6 +184,7 @@ def test_hf32_exec_mode_compiles_with_lower_matmul_precision():
     assert "operand_precision={high,high}" in hf32  # tensorfloat32 lowers to HIGH
 
 
+@pytest.mark.x64_off
 def test_x64_setting_is_part_of_the_key():
     import jax
     x = np.array([0, 3, 0, 5], np.int32)  # the same aval with x64 off and on

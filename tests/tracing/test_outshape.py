@@ -46,6 +46,7 @@ def test_round_trip_with_x64_on():
         assert decode(buf) == [(3, 4)]
 
 
+@pytest.mark.x64_off
 def test_x64_off_int64_is_carried_in_uint32():
     buf = encode([(7,)], np.int64, uint64_flag=True)
     assert buf.dtype == jnp.uint32  # x64 is off in the test suite by default
