@@ -13,6 +13,8 @@ import tempfile
 
 import pytest
 
+from tests.helpers.eight_devices import GC_THRESHOLDS
+
 # XLA flags that cut the CPU compile of a test-sized program about 5x (2.6 s -> 0.5 s for
 # four operator kernels): LLVM at -O0, and XLA:CPU's older elemental emitters for fusions
 # instead of the MLIR fusion emitters. The HLO, its passes and IEEE float semantics are
@@ -59,9 +61,9 @@ _cheaper_compiles()
 #: at the default, a young-generation pass every 700 allocations cost ~10 % of a worker's CPU
 #: (4.5 s of ~40 s over four test files, measured with gc.callbacks); at these, under 1 s.
 #: Garbage is still collected (a pass every 50,000 allocations), only less often; nothing that
-#: a test checks depends on when. The 8-device child sets them too (tests/helpers/
-#: eight_devices.py); the other subprocesses the tests start keep Python's defaults.
-GC_THRESHOLDS = (50_000, 20, 20)
+#: a test checks depends on when. The 8-device child sets them too: the constant lives in
+#: tests/helpers/eight_devices.py (standard library only, so importing it here imports no
+#: jax); the other subprocesses the tests start keep Python's defaults.
 gc.set_threshold(*GC_THRESHOLDS)
 
 #: JAXOPS_TEST_LADDER: "off" runs every operator at its full capacity (no capacity ladder,
@@ -87,12 +89,19 @@ def _ladder_mode():
         yield
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "x64_off: a test of what happens with x64 off (JAX's "
+                            "default); it runs with x64 off in a JAX_ENABLE_X64=1 session too")
+
+
 @pytest.fixture(autouse=True)
-def _doctests_in_the_default_mode(request):
-    """A doctest shows what a reader's session prints with JAX's defaults (x64 off): in a
-    session started with ``JAX_ENABLE_X64=1`` the docstrings' examples still run with x64
-    off (dtypes such as ``int32`` are part of what they print). Other tests keep the mode."""
-    if not isinstance(request.node, pytest.DoctestItem):
+def _x64_off_where_the_default_mode_is_shown(request):
+    """Doctests, and tests marked ``x64_off``, show the default mode's behaviour (x64 off:
+    dtypes such as ``int32`` in what they print, 64-bit ids narrowed at the jit boundary,
+    word pairs): in a session started with ``JAX_ENABLE_X64=1`` they still run with x64 off
+    (a marked test may switch x64 on inside to compare). Other tests keep the mode."""
+    if not (isinstance(request.node, pytest.DoctestItem)
+            or request.node.get_closest_marker("x64_off")):
         yield
         return
     import jax

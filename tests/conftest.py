@@ -24,22 +24,6 @@ if eight_devices.RUN_DIR not in os.environ:
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{eight_devices.MARK}(check): a check the 8-device "
                             "child runs (tests/helpers/eight_devices.py)")
-    config.addinivalue_line("markers", "x64_off: a test of what happens with x64 off (JAX's "
-                            "default); it runs with x64 off in a JAX_ENABLE_X64=1 session too")
-
-
-@pytest.fixture(autouse=True)
-def _x64_off_when_marked(request):
-    """A test marked ``x64_off`` states the default mode's behaviour (int32 indices, 64-bit
-    ids narrowed at the jit boundary, word pairs): it runs with x64 off whatever the session's
-    mode, and may still switch x64 on inside to compare."""
-    if request.node.get_closest_marker("x64_off") is None:
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(False):
-        yield
 
 
 def _check(item) -> str | None:

@@ -144,8 +144,8 @@ def _write(out: str, name: str, row: dict) -> None:
     os.replace(tmp, os.path.join(out, name))  # whole, or not there
 
 
-#: The cyclic GC thresholds of the test processes (conftest.py's GC_THRESHOLDS, which this
-#: child does not load): a young-generation pass every 700 allocations is ~10 % of the CPU.
+#: The cyclic GC thresholds of the test processes and of this child (set by conftest.py and
+#: by :func:`main`): a young-generation pass every 700 allocations is ~10 % of the CPU.
 GC_THRESHOLDS = (50_000, 20, 20)
 
 

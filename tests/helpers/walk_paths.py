@@ -3,8 +3,7 @@
 The walks are chosen when a function is traced, and jax keeps one trace per default-device
 setting: the xla runs name the one CPU as the default device, the native runs leave it
 unset, so each path gets its own traces and keeps them for the next test (cheaper than
-``jax.clear_caches()``, which throws away every program of the process; the same as
-``tests/native/test_native_hash.py``'s ``_both_paths``).
+``jax.clear_caches()``, which throws away every program of the process).
 """
 
 from __future__ import annotations

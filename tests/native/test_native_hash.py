@@ -3,7 +3,8 @@
 Each test runs the same random sequence of table operations twice, once with the walks on
 the native path and once forced to xla (``use_backend("xla")``), and compares every output
 and every table array. Walk choice is made when a function is traced, so the two runs
-trace under different default-device settings (``_both_paths``). Tables are small (64
+trace under different default-device settings (``_both_paths``, through
+``tests/helpers/walk_paths.py``). Tables are small (64
 slots) and nearly full, batches hold duplicates and keys evicted before, so tombstone
 reuse, revival and unplaced keys occur.
 (Where the library is built, the other hash-table tests, against the plain-Python model,
@@ -22,6 +23,7 @@ import jaxops.hashtable as ht
 from jaxops import native
 from jaxops.core import walk_table
 from jaxops.core.backend_table import use_backend
+from tests.helpers.walk_paths import on_path
 
 pytestmark = pytest.mark.skipif(not native.available(),
                                 reason=f"native kernels unavailable: {native.why_unavailable()}")
@@ -54,16 +56,9 @@ def _sequence(seed: int, key_dtype, x64: bool) -> list:
 
 
 def _both_paths(fn):
-    """``fn()`` with the walks on the native path, then forced to xla and traced afresh:
-    jax keeps a trace (and its walks) per default device, so the xla run names the one CPU
-    as the default device, the native run leaves it unset (cheaper than
-    ``jax.clear_caches()``, which throws away every compiled program of the process)."""
-    assert walk_table.walk_path()[0] == "native"
-    got = jax.device_get(fn())
-    with use_backend("xla"), jax.default_device(jax.devices("cpu")[0]):
-        assert walk_table.walk_path()[0] == "xla"
-        want = jax.device_get(fn())
-    return got, want
+    """``fn()`` on the native walks, then forced to xla, each traced for its path
+    (:func:`tests.helpers.walk_paths.on_path`)."""
+    return tuple(jax.device_get(on_path(path, fn)) for path in ("native", "xla"))
 
 
 @pytest.mark.parametrize("x64, key_dtype", [(False, np.int64), (True, np.uint64)])
